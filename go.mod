@@ -3,6 +3,7 @@ module github.com/dynamig/dynamig
 go 1.25.0
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.4-1
 	go.etcd.io/etcd/server/v3 v3.6.5
 	go.yaml.in/yaml/v3 v3.0.5
 	k8s.io/apimachinery v0.35.4

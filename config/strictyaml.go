@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"fmt"
 	"reflect"
 	"sort"
@@ -33,6 +34,11 @@ func decodeNode(n *yaml.Node, path *field.Path, v reflect.Value) field.ErrorList
 	}
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return nil // "key:" with no value keeps the default
+	}
+	if v.CanAddr() {
+		if u, ok := v.Addr().Interface().(json.Unmarshaler); ok {
+			return decodeViaJSON(n, path, u)
+		}
 	}
 	switch v.Kind() {
 	case reflect.Pointer:
@@ -81,6 +87,22 @@ func decodeNode(n *yaml.Node, path *field.Path, v reflect.Value) field.ErrorList
 	}
 }
 
+// decodeViaJSON serves types with their own JSON form, such as metav1.Duration ("2m").
+func decodeViaJSON(n *yaml.Node, path *field.Path, u json.Unmarshaler) field.ErrorList {
+	var anything any
+	if err := n.Decode(&anything); err != nil {
+		return field.ErrorList{field.Invalid(path, nodeValue(n), err.Error())}
+	}
+	raw, err := json.Marshal(anything)
+	if err == nil {
+		err = u.UnmarshalJSON(raw)
+	}
+	if err != nil {
+		return field.ErrorList{field.Invalid(path, nodeValue(n), err.Error())}
+	}
+	return nil
+}
+
 func decodeStruct(n *yaml.Node, path *field.Path, v reflect.Value) field.ErrorList {
 	if n.Kind != yaml.MappingNode {
 		return field.ErrorList{field.Invalid(path, nodeValue(n), "must be a mapping")}
@@ -102,7 +124,7 @@ func decodeStruct(n *yaml.Node, path *field.Path, v reflect.Value) field.ErrorLi
 				errs = append(errs, field.Forbidden(p, refusal))
 				continue
 			}
-			errs = append(errs, field.NotSupported(p, key, sortedKeys(fields)))
+			errs = append(errs, field.Invalid(p, key, "unknown field; known fields here: "+strings.Join(sortedKeys(fields), ", ")))
 			continue
 		}
 		errs = append(errs, decodeNode(val, p, v.FieldByIndex(idx))...)

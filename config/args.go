@@ -1,0 +1,159 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/dynamig/dynamig/api"
+)
+
+// DynamicMIGArgs are the DynamicMIG plugin's arguments in a KubeSchedulerConfiguration
+// profile (pluginConfig[].args). Unset fields take the defaults of SetDefaults.
+type DynamicMIGArgs struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// DeviceConfigFile is the device-config.yaml (HAMi's device ConfigMap, mounted) with
+	// the MIG allowlist and the request defaults; empty means HAMi v2.10's defaults.
+	DeviceConfigFile string `json:"deviceConfigFile,omitempty"`
+
+	// Resource names; they must agree with the device config's.
+	ResourceCountName            string `json:"resourceCountName,omitempty"`
+	ResourceMemoryName           string `json:"resourceMemoryName,omitempty"`
+	ResourceMemoryPercentageName string `json:"resourceMemoryPercentageName,omitempty"`
+	ResourceCoreName             string `json:"resourceCoreName,omitempty"`
+
+	// NodeSchedulerPolicy orders nodes: binpack (default) or spread.
+	NodeSchedulerPolicy string `json:"nodeSchedulerPolicy,omitempty"`
+	// MIGGPUSchedulerPolicy orders MIG GPUs within a node: binpack (default; MIG isolation
+	// makes spreading useless, and spread small instances leave no GPU free for large
+	// profiles) or spread.
+	MIGGPUSchedulerPolicy string `json:"migGPUSchedulerPolicy,omitempty"`
+	// HAMiCoreGPUSchedulerPolicy orders hami-core GPUs: spread (default, as HAMi) or binpack.
+	HAMiCoreGPUSchedulerPolicy string `json:"hamiCoreGPUSchedulerPolicy,omitempty"`
+	// FragmentationAware adds the fragmentation cost of a placement to its score (default
+	// true); false is the ablation the benchmarks compare against.
+	FragmentationAware *bool `json:"fragmentationAware,omitempty"`
+
+	// LeaseNamespace holds the hand-off and heartbeat Leases.
+	LeaseNamespace string `json:"leaseNamespace,omitempty"`
+	// HandoffLeaseDurationSeconds is the hand-off Lease's duration (default 60).
+	HandoffLeaseDurationSeconds int32 `json:"handoffLeaseDurationSeconds,omitempty"`
+	// HandoffTimeout bounds how long Bind waits for another pod's hand-off (default 2m).
+	HandoffTimeout *metav1.Duration `json:"handoffTimeout,omitempty"`
+
+	// MetricsBindAddress is where cmd/dynamig-scheduler serves the plugin's metrics.
+	MetricsBindAddress string `json:"metricsBindAddress,omitempty"`
+	// LegacyMetrics also exports HAMi's nodeGPUMigInstance.
+	LegacyMetrics bool `json:"legacyMetrics,omitempty"`
+}
+
+// Defaults of DynamicMIGArgs.
+const (
+	DefaultHandoffLeaseDurationSeconds = 60
+	DefaultHandoffTimeout              = 2 * time.Minute
+	DefaultSchedulerMetricsAddress     = ":9395"
+)
+
+var _ runtime.Object = &DynamicMIGArgs{}
+
+// DeepCopyObject implements runtime.Object.
+func (a *DynamicMIGArgs) DeepCopyObject() runtime.Object {
+	out := *a
+	if a.FragmentationAware != nil {
+		v := *a.FragmentationAware
+		out.FragmentationAware = &v
+	}
+	if a.HandoffTimeout != nil {
+		v := *a.HandoffTimeout
+		out.HandoffTimeout = &v
+	}
+	return &out
+}
+
+// SetDefaults fills every unset field.
+func (a *DynamicMIGArgs) SetDefaults() {
+	setDefault := func(field *string, value string) {
+		if *field == "" {
+			*field = value
+		}
+	}
+	setDefault(&a.ResourceCountName, api.ResourceCount)
+	setDefault(&a.ResourceMemoryName, api.ResourceMemory)
+	setDefault(&a.ResourceMemoryPercentageName, api.ResourceMemoryPercentage)
+	setDefault(&a.ResourceCoreName, api.ResourceCores)
+	setDefault(&a.NodeSchedulerPolicy, api.PolicyBinpack)
+	setDefault(&a.MIGGPUSchedulerPolicy, api.PolicyBinpack)
+	setDefault(&a.HAMiCoreGPUSchedulerPolicy, api.PolicySpread)
+	setDefault(&a.LeaseNamespace, api.DefaultSystemNamespace)
+	setDefault(&a.MetricsBindAddress, DefaultSchedulerMetricsAddress)
+	if a.FragmentationAware == nil {
+		on := true
+		a.FragmentationAware = &on
+	}
+	if a.HandoffLeaseDurationSeconds == 0 {
+		a.HandoffLeaseDurationSeconds = DefaultHandoffLeaseDurationSeconds
+	}
+	if a.HandoffTimeout == nil {
+		a.HandoffTimeout = &metav1.Duration{Duration: DefaultHandoffTimeout}
+	}
+}
+
+// Validate checks defaulted args; paths are relative to the plugin's args.
+func (a *DynamicMIGArgs) Validate() field.ErrorList {
+	var errs field.ErrorList
+	for _, rn := range []struct{ key, value string }{
+		{"resourceCountName", a.ResourceCountName},
+		{"resourceMemoryName", a.ResourceMemoryName},
+		{"resourceMemoryPercentageName", a.ResourceMemoryPercentageName},
+		{"resourceCoreName", a.ResourceCoreName},
+	} {
+		errs = append(errs, ValidateResourceName(field.NewPath(rn.key), rn.value)...)
+	}
+	policies := []string{api.PolicyBinpack, api.PolicySpread}
+	for _, p := range []struct{ key, value string }{
+		{"nodeSchedulerPolicy", a.NodeSchedulerPolicy},
+		{"migGPUSchedulerPolicy", a.MIGGPUSchedulerPolicy},
+		{"hamiCoreGPUSchedulerPolicy", a.HAMiCoreGPUSchedulerPolicy},
+	} {
+		if !slices.Contains(policies, p.value) {
+			errs = append(errs, field.NotSupported(field.NewPath(p.key), p.value, policies))
+		}
+	}
+	for _, msg := range validation.IsDNS1123Label(a.LeaseNamespace) {
+		errs = append(errs, field.Invalid(field.NewPath("leaseNamespace"), a.LeaseNamespace, msg))
+	}
+	if a.HandoffLeaseDurationSeconds < 1 || a.HandoffLeaseDurationSeconds > 3600 {
+		errs = append(errs, field.Invalid(field.NewPath("handoffLeaseDurationSeconds"), a.HandoffLeaseDurationSeconds, "must be in 1..3600 seconds"))
+	}
+	if a.HandoffTimeout == nil || a.HandoffTimeout.Duration <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("handoffTimeout"), a.HandoffTimeout, "must be a positive duration such as 2m"))
+	}
+	if a.MetricsBindAddress != "" {
+		if _, _, err := net.SplitHostPort(a.MetricsBindAddress); err != nil {
+			errs = append(errs, field.Invalid(field.NewPath("metricsBindAddress"), a.MetricsBindAddress, fmt.Sprintf("must be host:port or :port (%v)", err)))
+		}
+	}
+	return errs
+}
+
+// DecodeDynamicMIGArgs decodes args given as YAML or JSON (the raw pluginConfig args),
+// refusing unknown fields, and returns them defaulted and validated.
+func DecodeDynamicMIGArgs(data []byte) (*DynamicMIGArgs, error) {
+	args := &DynamicMIGArgs{}
+	errs := decodeYAML(data, args)
+	if len(errs) == 0 {
+		args.SetDefaults()
+		errs = args.Validate()
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("invalid DynamicMIG args: %w", errs.ToAggregate())
+	}
+	return args, nil
+}

@@ -1,0 +1,352 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/dynamig/dynamig/api"
+)
+
+// DeviceConfig is the content of the device ConfigMap's device-config.yaml, as HAMi's chart
+// writes it. Only the nvidia section and nodeconfig are interpreted; the other vendors'
+// sections are accepted so that a HAMi ConfigMap can be used as it is.
+type DeviceConfig struct {
+	Nvidia     NvidiaConfig `json:"nvidia"`
+	NodeConfig []NodeConfig `json:"nodeconfig"`
+
+	Cambricon any `json:"cambricon"`
+	Hygon     any `json:"hygon"`
+	Metax     any `json:"metax"`
+	Enflame   any `json:"enflame"`
+	Mthreads  any `json:"mthreads"`
+	Iluvatars any `json:"iluvatars"`
+	Kunlun    any `json:"kunlun"`
+	AWSNeuron any `json:"awsneuron"`
+	AMD       any `json:"amd"`
+	Vastai    any `json:"vastai"`
+	Biren     any `json:"biren"`
+	Vnpus     any `json:"vnpus"`
+
+	// Warnings are findings that are not errors, e.g. an allowlist model that matches no
+	// GPU of the built-in table. Callers log them.
+	Warnings []string `json:"-"`
+}
+
+// NvidiaConfig is the nvidia section. Fields HAMi's chart writes that dynamig does not use
+// are accepted and kept.
+type NvidiaConfig struct {
+	ResourceCountName            string `json:"resourceCountName"`
+	ResourceMemoryName           string `json:"resourceMemoryName"`
+	ResourceMemoryPercentageName string `json:"resourceMemoryPercentageName"`
+	ResourceCoreName             string `json:"resourceCoreName"`
+	ResourcePriorityName         string `json:"resourcePriorityName"`
+	// DefaultMemory is the MiB per device of a request that names neither gpumem nor
+	// gpumem-percentage; 0 means the whole device (on MIG, the full-GPU profile).
+	DefaultMemory int `json:"defaultMemory"`
+	// DefaultCores is the gpucores percentage of a request that names none.
+	DefaultCores int `json:"defaultCores"`
+	// DefaultGPUNum is the nvidia.com/gpu count given to a container that asks for gpumem
+	// or gpucores alone (HAMi's webhook); dynamig refuses such containers instead.
+	DefaultGPUNum       int     `json:"defaultGPUNum"`
+	DeviceSplitCount    int     `json:"deviceSplitCount"`
+	DeviceMemoryScaling float64 `json:"deviceMemoryScaling"`
+	DeviceCoreScaling   float64 `json:"deviceCoreScaling"`
+	// MigProfileAllowlist names the MIG profiles each GPU model may be split into; the first
+	// entry whose models match a GPU applies.
+	MigProfileAllowlist []AllowlistEntry `json:"migProfileAllowlist"`
+
+	OverwriteEnv              bool   `json:"overwriteEnv"`
+	PreConfiguredDeviceMemory int    `json:"preConfiguredDeviceMemory"`
+	MemoryFactor              int    `json:"memoryFactor"`
+	EnableNumaTopology        bool   `json:"enableNumaTopology"`
+	GPUCorePolicy             string `json:"gpuCorePolicy"`
+	LibCudaLogLevel           int    `json:"libCudaLogLevel"`
+	RuntimeClassName          string `json:"runtimeClassName"`
+	MigStrategy               string `json:"migstrategy"`
+	DisableCoreLimit          string `json:"disablecorelimit"`
+}
+
+// AllowlistEntry allows profiles on the GPU models it names. A model is a key of the
+// built-in table, one of its NVML names, or one of HAMi's model strings.
+type AllowlistEntry struct {
+	Models   []string `json:"models"`
+	Profiles []string `json:"profiles"`
+}
+
+// NodeConfig is a per-node setting, as in HAMi's device-plugin config.
+type NodeConfig struct {
+	Name string `json:"name"`
+	// OperatingMode is "hami-core" (the default) or "mig".
+	OperatingMode string `json:"operatingmode"`
+	// FilterDevices lists GPUs the device plugin leaves alone.
+	FilterDevices FilterDevices `json:"filterdevices"`
+
+	DeviceMemoryScaling *float64 `json:"devicememoryscaling"`
+	DeviceCoreScaling   *float64 `json:"devicecorescaling"`
+	DeviceSplitCount    *int     `json:"devicesplitcount"`
+	MigStrategy         string   `json:"migstrategy"`
+}
+
+// FilterDevices names GPUs by UUID or NVML index.
+type FilterDevices struct {
+	UUID  []string `json:"uuid"`
+	Index []uint   `json:"index"`
+}
+
+// Excludes reports whether the GPU is filtered out.
+func (f *FilterDevices) Excludes(uuid string, index int) bool {
+	return slices.Contains(f.UUID, uuid) || (index >= 0 && slices.Contains(f.Index, uint(index)))
+}
+
+// DefaultDeviceConfig is HAMi v2.10's device-config.yaml as its chart ships it.
+func DefaultDeviceConfig() *DeviceConfig {
+	return &DeviceConfig{Nvidia: NvidiaConfig{
+		ResourceCountName:            api.ResourceCount,
+		ResourceMemoryName:           api.ResourceMemory,
+		ResourceMemoryPercentageName: api.ResourceMemoryPercentage,
+		ResourceCoreName:             api.ResourceCores,
+		ResourcePriorityName:         api.ResourcePriority,
+		DefaultMemory:                0,
+		DefaultCores:                 0,
+		DefaultGPUNum:                1,
+		DeviceSplitCount:             10,
+		DeviceMemoryScaling:          1,
+		DeviceCoreScaling:            1,
+		MemoryFactor:                 1,
+		GPUCorePolicy:                "default",
+		MigProfileAllowlist:          DefaultMigProfileAllowlist(),
+	}}
+}
+
+// DefaultMigProfileAllowlist is the allowlist HAMi v2.10 ships (DESIGN.md's table).
+func DefaultMigProfileAllowlist() []AllowlistEntry {
+	return []AllowlistEntry{
+		{Models: []string{"A30"}, Profiles: []string{"1g.6gb", "2g.12gb", "4g.24gb"}},
+		{Models: []string{"A100-SXM4-40GB", "A100-40GB-PCIe", "A100-PCIE-40GB"}, Profiles: []string{"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"}},
+		{Models: []string{"A100-SXM4-80GB", "A100-80GB-PCIe", "A100-PCIE-80GB"}, Profiles: []string{"1g.10gb", "2g.20gb", "3g.40gb", "7g.79gb"}},
+		{Models: []string{"H100-PCIE-80GB", "H100-SXM5-80GB"}, Profiles: []string{"1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"}},
+		{Models: []string{"H100-PCIE-94GB", "H100-SXM5-94GB"}, Profiles: []string{"1g.12gb", "2g.24gb", "3g.47gb", "7g.94gb"}},
+		{Models: []string{"H20", "H100 on GH200"}, Profiles: []string{"1g.12gb", "2g.24gb", "3g.48gb", "7g.96gb"}},
+		{Models: []string{"H200 NVL", "H200-SXM5"}, Profiles: []string{"1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb"}},
+		{Models: []string{"B200"}, Profiles: []string{"1g.23gb", "2g.45gb", "3g.90gb", "7g.180gb"}},
+		{Models: []string{"RTX PRO 6000 Blackwell Server Edition"}, Profiles: []string{"1g.24gb", "2g.48gb", "4g.96gb"}},
+	}
+}
+
+// ParseDeviceConfig parses device-config.yaml over the defaults and validates it. Every
+// error names its field path, e.g. nvidia.migProfileAllowlist[1].profiles[0].
+func ParseDeviceConfig(data []byte) (*DeviceConfig, error) {
+	cfg := DefaultDeviceConfig()
+	errs := decodeYAML(data, cfg)
+	if len(errs) == 0 {
+		errs = cfg.validate()
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("invalid device config: %w", errs.ToAggregate())
+	}
+	return cfg, nil
+}
+
+// LoadDeviceConfig reads and parses a device-config.yaml file; an empty path gives the
+// defaults.
+func LoadDeviceConfig(path string) (*DeviceConfig, error) {
+	if path == "" {
+		return DefaultDeviceConfig(), nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading device config: %w", err)
+	}
+	cfg, err := ParseDeviceConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+func (c *DeviceConfig) validate() field.ErrorList {
+	nv, p := &c.Nvidia, field.NewPath("nvidia")
+	var errs field.ErrorList
+	names := map[string]string{}
+	for _, rn := range []struct{ key, value string }{
+		{"resourceCountName", nv.ResourceCountName},
+		{"resourceMemoryName", nv.ResourceMemoryName},
+		{"resourceMemoryPercentageName", nv.ResourceMemoryPercentageName},
+		{"resourceCoreName", nv.ResourceCoreName},
+	} {
+		errs = append(errs, ValidateResourceName(p.Child(rn.key), rn.value)...)
+		if other, dup := names[rn.value]; dup && rn.value != "" {
+			errs = append(errs, field.Invalid(p.Child(rn.key), rn.value, "is also "+other))
+		}
+		names[rn.value] = rn.key
+	}
+	if nv.DefaultMemory < 0 {
+		errs = append(errs, field.Invalid(p.Child("defaultMemory"), nv.DefaultMemory, "must not be negative (MiB; 0 means the whole device)"))
+	}
+	if nv.DefaultCores < 0 || nv.DefaultCores > 100 {
+		errs = append(errs, field.Invalid(p.Child("defaultCores"), nv.DefaultCores, "must be a percentage in 0..100"))
+	}
+	if nv.DefaultGPUNum < 0 {
+		errs = append(errs, field.Invalid(p.Child("defaultGPUNum"), nv.DefaultGPUNum, "must not be negative"))
+	}
+	if nv.DeviceSplitCount < 1 {
+		errs = append(errs, field.Invalid(p.Child("deviceSplitCount"), nv.DeviceSplitCount, "must be at least 1"))
+	}
+	if nv.DeviceMemoryScaling <= 0 {
+		errs = append(errs, field.Invalid(p.Child("deviceMemoryScaling"), nv.DeviceMemoryScaling, "must be positive"))
+	}
+	if nv.DeviceCoreScaling <= 0 {
+		errs = append(errs, field.Invalid(p.Child("deviceCoreScaling"), nv.DeviceCoreScaling, "must be positive"))
+	}
+	if !slices.Contains([]string{"", "default", "force", "disable"}, nv.GPUCorePolicy) {
+		errs = append(errs, field.NotSupported(p.Child("gpuCorePolicy"), nv.GPUCorePolicy, []string{"default", "force", "disable"}))
+	}
+	allowErrs, warnings := validateAllowlist(p.Child("migProfileAllowlist"), nv.MigProfileAllowlist)
+	errs = append(errs, allowErrs...)
+	c.Warnings = append(c.Warnings, warnings...)
+	return append(errs, validateNodeConfig(field.NewPath("nodeconfig"), c.NodeConfig)...)
+}
+
+// ValidateResourceName checks an extended resource name such as nvidia.com/gpu.
+func ValidateResourceName(path *field.Path, name string) field.ErrorList {
+	if name == "" {
+		return field.ErrorList{field.Required(path, "an extended resource name such as nvidia.com/gpu")}
+	}
+	if !strings.Contains(name, "/") {
+		return field.ErrorList{field.Invalid(path, name, "must be a domain-qualified name such as nvidia.com/gpu")}
+	}
+	var errs field.ErrorList
+	for _, msg := range validation.IsQualifiedName(name) {
+		errs = append(errs, field.Invalid(path, name, msg))
+	}
+	return errs
+}
+
+func validateAllowlist(path *field.Path, entries []AllowlistEntry) (field.ErrorList, []string) {
+	var errs field.ErrorList
+	var warnings []string
+	for i, e := range entries {
+		p := path.Index(i)
+		if len(e.Models) == 0 {
+			errs = append(errs, field.Required(p.Child("models"), "at least one GPU model"))
+		}
+		if len(e.Profiles) == 0 {
+			errs = append(errs, field.Required(p.Child("profiles"), "at least one MIG profile"))
+		}
+		var known []*Model
+		for j, name := range e.Models {
+			m, ok := LookupModel(name)
+			switch {
+			case strings.TrimSpace(name) == "":
+				errs = append(errs, field.Required(p.Child("models").Index(j), "a GPU model name"))
+			case !ok:
+				warnings = append(warnings, fmt.Sprintf("%s: %q is not a GPU model of the built-in table; it matches only a GPU whose NVML name is exactly that (known: %s)",
+					p.Child("models").Index(j), name, strings.Join(KnownModelNames(), ", ")))
+			default:
+				known = append(known, m)
+			}
+		}
+		for j, prof := range e.Profiles {
+			pp := p.Child("profiles").Index(j)
+			if _, err := api.ParseProfileName(prof); err != nil {
+				errs = append(errs, field.Invalid(pp, prof, err.Error()))
+				continue
+			}
+			for _, m := range known {
+				if _, ok := m.Profile(prof); !ok {
+					errs = append(errs, field.Invalid(pp, prof, fmt.Sprintf("not a MIG profile of %s (its profiles: %s)", m.Key, strings.Join(m.ProfileNames(), ", "))))
+				}
+			}
+		}
+	}
+	return errs, warnings
+}
+
+func validateNodeConfig(path *field.Path, nodes []NodeConfig) field.ErrorList {
+	var errs field.ErrorList
+	seen := sets.New[string]()
+	for i, n := range nodes {
+		p := path.Index(i)
+		switch {
+		case n.Name == "":
+			errs = append(errs, field.Required(p.Child("name"), "the node's name"))
+		case seen.Has(n.Name):
+			errs = append(errs, field.Duplicate(p.Child("name"), n.Name))
+		}
+		seen.Insert(n.Name)
+		switch n.OperatingMode {
+		case "", api.ModeHAMiCore, api.ModeMIG:
+		case "mps":
+			errs = append(errs, field.Invalid(p.Child("operatingmode"), n.OperatingMode, "MPS sharing is not supported by dynamig; use \"hami-core\" or \"mig\""))
+		default:
+			errs = append(errs, field.NotSupported(p.Child("operatingmode"), n.OperatingMode, []string{api.ModeHAMiCore, api.ModeMIG}))
+		}
+		if n.DeviceSplitCount != nil && *n.DeviceSplitCount < 1 {
+			errs = append(errs, field.Invalid(p.Child("devicesplitcount"), *n.DeviceSplitCount, "must be at least 1"))
+		}
+		if n.DeviceMemoryScaling != nil && *n.DeviceMemoryScaling <= 0 {
+			errs = append(errs, field.Invalid(p.Child("devicememoryscaling"), *n.DeviceMemoryScaling, "must be positive"))
+		}
+		if n.DeviceCoreScaling != nil && *n.DeviceCoreScaling <= 0 {
+			errs = append(errs, field.Invalid(p.Child("devicecorescaling"), *n.DeviceCoreScaling, "must be positive"))
+		}
+		for j, uuid := range n.FilterDevices.UUID {
+			if !strings.HasPrefix(uuid, "GPU-") {
+				errs = append(errs, field.Invalid(p.Child("filterdevices", "uuid").Index(j), uuid, "must be a GPU UUID (GPU-…)"))
+			}
+		}
+	}
+	return errs
+}
+
+// Node returns the node's settings, with HAMi's defaults (hami-core, nothing filtered)
+// when nodeconfig does not name it.
+func (c *DeviceConfig) Node(name string) NodeConfig {
+	for _, n := range c.NodeConfig {
+		if n.Name == name {
+			if n.OperatingMode == "" {
+				n.OperatingMode = api.ModeHAMiCore
+			}
+			return n
+		}
+	}
+	return NodeConfig{Name: name, OperatingMode: api.ModeHAMiCore}
+}
+
+// AllowedProfiles returns the profile names the allowlist allows on a GPU of that NVML
+// name, from the first matching entry; ok is false when no entry matches. An entry's model
+// matches when it names the same built-in model as the GPU (by key, NVML name or HAMi
+// string), or, for GPUs outside the table, equals the NVML name. Never by substring.
+// Aliases are mapped to the model's own names (7g.79gb → 7g.80gb on A100-80GB).
+func (c *NvidiaConfig) AllowedProfiles(nvmlName string) (profiles []string, ok bool) {
+	gpuModel, known := LookupModel(nvmlName)
+	for _, e := range c.MigProfileAllowlist {
+		if !slices.ContainsFunc(e.Models, func(name string) bool {
+			if m, ok := LookupModel(name); ok {
+				return known && m == gpuModel
+			}
+			return sameNVMLName(name, nvmlName)
+		}) {
+			continue
+		}
+		for _, prof := range e.Profiles {
+			if known {
+				prof = gpuModel.CanonicalProfileName(prof)
+			}
+			profiles = append(profiles, prof)
+		}
+		return profiles, true
+	}
+	return nil, false
+}
+
+func sameNVMLName(a, b string) bool {
+	trim := func(s string) string { return strings.TrimPrefix(strings.TrimSpace(s), "NVIDIA ") }
+	return strings.EqualFold(trim(a), trim(b))
+}
