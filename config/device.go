@@ -82,7 +82,9 @@ type AllowlistEntry struct {
 // NodeConfig is a per-node setting, as in HAMi's device-plugin config.
 type NodeConfig struct {
 	Name string `json:"name"`
-	// OperatingMode is "hami-core" (the default) or "mig".
+	// OperatingMode is "hami-core" or "mig". Empty follows each GPU's MIG mode: mig where
+	// it is on, hami-core where it is off (HAMi takes hami-core regardless; a GPU in MIG mode
+	// cannot serve hami-core pods, so following the hardware is the only useful default).
 	OperatingMode string `json:"operatingmode"`
 	// FilterDevices lists GPUs the device plugin leaves alone.
 	FilterDevices FilterDevices `json:"filterdevices"`
@@ -305,18 +307,15 @@ func validateNodeConfig(path *field.Path, nodes []NodeConfig) field.ErrorList {
 	return errs
 }
 
-// Node returns the node's settings, with HAMi's defaults (hami-core, nothing filtered)
-// when nodeconfig does not name it.
+// Node returns the node's settings; a node that nodeconfig does not name gets the
+// defaults: mode from each GPU's MIG mode, nothing filtered.
 func (c *DeviceConfig) Node(name string) NodeConfig {
 	for _, n := range c.NodeConfig {
 		if n.Name == name {
-			if n.OperatingMode == "" {
-				n.OperatingMode = api.ModeHAMiCore
-			}
 			return n
 		}
 	}
-	return NodeConfig{Name: name, OperatingMode: api.ModeHAMiCore}
+	return NodeConfig{Name: name}
 }
 
 // AllowedProfiles returns the profile names the allowlist allows on a GPU of that NVML

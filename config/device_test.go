@@ -125,8 +125,8 @@ nodeconfig:
 	if n.OperatingMode != api.ModeMIG || !n.FilterDevices.Excludes("GPU-aaaa", 0) || !n.FilterDevices.Excludes("GPU-bbbb", 3) || n.FilterDevices.Excludes("GPU-bbbb", 1) {
 		t.Errorf("node config: %+v", n)
 	}
-	if other := cfg.Node("other"); other.OperatingMode != api.ModeHAMiCore {
-		t.Errorf("unnamed nodes default to hami-core, got %q", other.OperatingMode)
+	if other := cfg.Node("other"); other.OperatingMode != "" || other.Name != "other" {
+		t.Errorf("unnamed nodes follow their GPUs' MIG mode, got %+v", other)
 	}
 }
 

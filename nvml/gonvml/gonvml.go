@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"strings"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/dl"
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/dynamig/dynamig/nvml"
 )
@@ -101,7 +101,7 @@ func (b *backend) Init() (err error) {
 		// ask the loader again so a wrong-architecture or unreadable library says so.
 		detail := fmt.Sprintf(libraryNotFoundHint, b.path)
 		if reason := dlopenError(b.path); reason != "" {
-			detail += " (dlopen: " + reason + ")"
+			detail += " [dlopen: " + reason + "]"
 		}
 		return &nvml.Error{Op: b.initOp(), Code: nvml.ErrorLibraryNotFound, Detail: detail}
 	}

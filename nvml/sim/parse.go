@@ -14,7 +14,8 @@ const maxGPUsPerEntry = 64
 // ParseGPUList parses "MODEL[:COUNT],MODEL[:COUNT],..." into GPU specs, COUNT (1 to 64)
 // defaulting to 1. MODEL is anything config.LookupModel accepts; NVML names contain spaces
 // and may contain colons, so COUNT is split off at the last colon only when all digits follow
-// it. Errors name the bad entry and list the known models.
+// it (spaces around either part are ignored). Errors name the bad entry and list the known
+// models.
 func ParseGPUList(s string) ([]GPUSpec, error) {
 	known := func() string { return strings.Join(config.KnownModelNames(), ", ") }
 	if strings.TrimSpace(s) == "" {
@@ -23,11 +24,12 @@ func ParseGPUList(s string) ([]GPUSpec, error) {
 	var out []GPUSpec
 	for _, entry := range strings.Split(s, ",") {
 		model, count := strings.TrimSpace(entry), 1
-		if i := strings.LastIndexByte(model, ':'); i >= 0 && allDigits(model[i+1:]) {
-			n, err := strconv.Atoi(model[i+1:])
+		if i := strings.LastIndexByte(model, ':'); i >= 0 && allDigits(strings.TrimSpace(model[i+1:])) {
+			digits := strings.TrimSpace(model[i+1:])
+			n, err := strconv.Atoi(digits)
 			if err != nil || n < 1 || n > maxGPUsPerEntry {
-				return nil, fmt.Errorf("GPU list entry %q: count %q must be a whole number from 1 to %d",
-					entry, model[i+1:], maxGPUsPerEntry)
+				return nil, fmt.Errorf("GPU list entry %q: count %q must be a whole number from 1 to %d (known models: %s)",
+					entry, digits, maxGPUsPerEntry, known())
 			}
 			model, count = strings.TrimSpace(model[:i]), n
 		}

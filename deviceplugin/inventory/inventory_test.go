@@ -1,0 +1,173 @@
+package inventory
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/nvml"
+	"github.com/dynamig/dynamig/nvml/sim"
+)
+
+// defaultProfiles is DESIGN.md's default-allowlist table, in NVML's profile names.
+var defaultProfiles = map[string][]string{
+	"A30-24GB":                      {"1g.6gb", "2g.12gb", "4g.24gb"},
+	"A100-40GB":                     {"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"},
+	"A100-80GB":                     {"1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"},
+	"H100-80GB":                     {"1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"},
+	"H100-94GB":                     {"1g.12gb", "2g.24gb", "3g.47gb", "7g.94gb"},
+	"H20-96GB":                      {"1g.12gb", "2g.24gb", "3g.48gb", "7g.96gb"},
+	"GH200-96GB":                    {"1g.12gb", "2g.24gb", "3g.48gb", "7g.96gb"},
+	"H200-141GB":                    {"1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb"},
+	"B200-180GB":                    {"1g.23gb", "2g.45gb", "3g.90gb", "7g.180gb"},
+	"RTX-PRO-6000-Blackwell-Server": {"1g.24gb", "2g.48gb", "4g.96gb"},
+}
+
+func discover(t *testing.T, cfg *config.DeviceConfig, node string, specs ...sim.GPUSpec) *Result {
+	t.Helper()
+	s, err := sim.New(sim.Options{Seed: node}, specs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Init(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Discover(context.Background(), s, cfg, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// TestEveryModelPublishesItsDefaultProfiles checks the published profiles of every model
+// and NVML name against the model table (itself tested equal to the facts file).
+func TestEveryModelPublishesItsDefaultProfiles(t *testing.T) {
+	for _, m := range config.Models() {
+		for _, nvmlName := range m.NVMLNames {
+			t.Run(nvmlName, func(t *testing.T) {
+				res := discover(t, config.DefaultDeviceConfig(), "n1", sim.GPUSpec{Model: nvmlName})
+				if len(res.GPUs) != 1 || len(res.Findings) != 0 {
+					t.Fatalf("gpus %v findings %v", res.GPUs, res.Findings)
+				}
+				g := res.GPUs[0]
+				full := m.FullProfile()
+				if g.Mode != api.ModeMIG || g.Type != nvmlName || g.Model != m.Key || g.Slots != m.Slots ||
+					g.Devmem != full.MemoryMiB || g.Devcore != 100 || !g.Health || !strings.HasPrefix(g.ID, "GPU-") {
+					t.Errorf("gpu: %+v", g)
+				}
+				var names []string
+				for _, p := range g.MigProfiles {
+					names = append(names, p.Name)
+					want, ok := m.Profile(p.Name)
+					if !ok {
+						t.Fatalf("published %s, not a profile of %s", p.Name, m.Key)
+					}
+					core := (want.SMs*100 + full.SMs - 1) / full.SMs
+					if p.MemoryMB != want.MemoryMiB || p.Core != core || p.Instances != want.Instances ||
+						p.SliceCount != want.ParsedName().Slices || !reflect.DeepEqual(p.Placements, want.Placements.List()) {
+						t.Errorf("%s: published %+v; facts %+v (core %d)", p.Name, p, want, core)
+					}
+					g.Count = max(g.Count, 0)
+				}
+				if !reflect.DeepEqual(names, defaultProfiles[m.Key]) {
+					t.Errorf("profiles %v, want %v", names, defaultProfiles[m.Key])
+				}
+				if g.Count != m.Profiles[0].Instances && g.Count != m.MaxInstances {
+					t.Errorf("count %d", g.Count)
+				}
+				if _, err := api.EncodeInventory(res.GPUs); err != nil {
+					t.Errorf("inventory does not validate: %v", err)
+				}
+			})
+		}
+	}
+}
+
+func TestA100SeedInventory(t *testing.T) {
+	res := discover(t, config.DefaultDeviceConfig(), "mig-node", sim.GPUSpec{Model: "NVIDIA A100-PCIE-40GB"})
+	g := res.GPUs[0]
+	want := []api.MigProfile{
+		{Name: "1g.5gb", MemoryMB: 4864, Core: 15, SliceCount: 1, Instances: 7, Placements: []api.Placement{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}}},
+		{Name: "2g.10gb", MemoryMB: 9856, Core: 29, SliceCount: 2, Instances: 3, Placements: []api.Placement{{0, 2}, {2, 2}, {4, 2}}},
+		{Name: "3g.20gb", MemoryMB: 19968, Core: 43, SliceCount: 3, Instances: 2, Placements: []api.Placement{{0, 4}, {4, 4}}},
+		{Name: "7g.40gb", MemoryMB: 40192, Core: 100, SliceCount: 7, Instances: 1, Placements: []api.Placement{{0, 8}}},
+	}
+	if !reflect.DeepEqual(g.MigProfiles, want) || g.Count != 7 || g.Devmem != 40192 {
+		t.Errorf("A100-40GB inventory:\n%+v\nwant\n%+v", g, want)
+	}
+}
+
+func TestNodeConfig(t *testing.T) {
+	cfg, err := config.ParseDeviceConfig([]byte(`
+nvidia:
+  deviceSplitCount: 4
+  deviceMemoryScaling: 1.5
+nodeconfig:
+- name: core-node
+  operatingmode: hami-core
+  filterdevices:
+    index: [1]
+- name: mig-node
+  operatingmode: mig
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := discover(t, cfg, "core-node", sim.GPUSpec{Model: "A100-40GB"}, sim.GPUSpec{Model: "A100-40GB"})
+	if len(res.GPUs) != 1 || len(res.Findings) != 1 || !strings.Contains(res.Findings[0], "excluded") {
+		t.Fatalf("filter: %+v %v", res.GPUs, res.Findings)
+	}
+	g := res.GPUs[0]
+	if g.Mode != api.ModeHAMiCore || g.Count != 4 || g.Devmem != 40960*3/2 || g.Devcore != 100 || len(g.MigProfiles) != 0 {
+		t.Errorf("hami-core GPU: %+v", g)
+	}
+	// A mig node whose GPU has MIG mode off publishes it without profiles, and says why.
+	res = discover(t, cfg, "mig-node", sim.GPUSpec{Model: "A100-40GB", MigDisabled: true})
+	if g := res.GPUs[0]; g.Mode != api.ModeMIG || len(g.MigProfiles) != 0 || g.Count != 0 ||
+		len(res.Findings) != 1 || !strings.Contains(res.Findings[0], "MIG mode is off") {
+		t.Errorf("MIG off: %+v %v", res.GPUs, res.Findings)
+	}
+	// Unnamed nodes follow the GPU's MIG mode.
+	res = discover(t, cfg, "other", sim.GPUSpec{Model: "A100-40GB", MigDisabled: true}, sim.GPUSpec{Model: "A100-40GB"})
+	if res.GPUs[0].Mode != api.ModeHAMiCore || res.GPUs[1].Mode != api.ModeMIG {
+		t.Errorf("auto mode: %s %s", res.GPUs[0].Mode, res.GPUs[1].Mode)
+	}
+}
+
+func TestAllowlistVariantsResolvedByName(t *testing.T) {
+	cfg, err := config.ParseDeviceConfig([]byte(`
+nvidia:
+  migProfileAllowlist:
+  - models: [H100-80GB]
+    profiles: [1g.10gb, 1g.20gb, 1g.10gb+me, 7g.80gb]
+  - models: [A100-80GB]
+    profiles: [1g.10gb, 7g.79gb]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := discover(t, cfg, "n", sim.GPUSpec{Model: "NVIDIA H100 80GB HBM3"}, sim.GPUSpec{Model: "A100-80GB"}, sim.GPUSpec{Model: "A30"})
+	h100 := res.GPUs[0].MigProfiles
+	// 1g.20gb is its own profile (id 15, 20096 MiB, 26 SMs), not 1g.10gb's memory.
+	if len(h100) != 4 || h100[2].Name != "1g.20gb" || h100[2].MemoryMB != 20096 || h100[2].Core != 20 ||
+		!reflect.DeepEqual(h100[2].Placements, []api.Placement{{0, 2}, {2, 2}, {4, 2}, {6, 2}}) || h100[1].Name != "1g.10gb+me" || h100[1].Instances != 1 {
+		t.Errorf("H100 variants: %+v", h100)
+	}
+	if a100 := res.GPUs[1].MigProfiles; len(a100) != 2 || a100[1].Name != "7g.80gb" {
+		t.Errorf("A100-80GB 7g.79gb alias: %+v", a100)
+	}
+	if len(res.GPUs[2].MigProfiles) != 0 || len(res.Findings) != 1 || !strings.Contains(res.Findings[0], "no migProfileAllowlist entry") {
+		t.Errorf("A30 without an entry: %+v %v", res.GPUs[2], res.Findings)
+	}
+}
+
+func TestNVMLErrorsPropagate(t *testing.T) {
+	s, _ := sim.New(sim.Options{}, sim.GPUSpec{Model: "A30"})
+	// Not initialised: every call fails with NVML's code, and Discover returns it.
+	if _, err := Discover(context.Background(), s, config.DefaultDeviceConfig(), "n"); !nvml.IsCode(err, nvml.ErrorUninitialized) {
+		t.Errorf("got %v", err)
+	}
+}
