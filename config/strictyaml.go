@@ -25,11 +25,21 @@ func decodeYAML(data []byte, out any) field.ErrorList {
 	if len(doc.Content) == 0 { // empty document: all defaults
 		return nil
 	}
-	return decodeNode(doc.Content[0], nil, reflect.ValueOf(out).Elem())
+	d := &yamlDecoder{}
+	return d.decodeNode(doc.Content[0], nil, reflect.ValueOf(out).Elem())
 }
 
-func decodeNode(n *yaml.Node, path *field.Path, v reflect.Value) field.ErrorList {
+// maxAliases bounds alias expansion, so a document of nested aliases (a "billion laughs")
+// cannot make decoding exponential.
+const maxAliases = 1000
+
+type yamlDecoder struct{ aliases int }
+
+func (d *yamlDecoder) decodeNode(n *yaml.Node, path *field.Path, v reflect.Value) field.ErrorList {
 	if n.Kind == yaml.AliasNode {
+		if d.aliases++; d.aliases > maxAliases {
+			return field.ErrorList{field.Invalid(path, "*"+n.Value, fmt.Sprintf("more than %d alias expansions", maxAliases))}
+		}
 		n = n.Alias
 	}
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
@@ -45,9 +55,9 @@ func decodeNode(n *yaml.Node, path *field.Path, v reflect.Value) field.ErrorList
 		if v.IsNil() {
 			v.Set(reflect.New(v.Type().Elem()))
 		}
-		return decodeNode(n, path, v.Elem())
+		return d.decodeNode(n, path, v.Elem())
 	case reflect.Struct:
-		return decodeStruct(n, path, v)
+		return d.decodeStruct(n, path, v)
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
 			return field.ErrorList{field.Invalid(path, nodeValue(n), "must be a list")}
@@ -55,7 +65,7 @@ func decodeNode(n *yaml.Node, path *field.Path, v reflect.Value) field.ErrorList
 		s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
 		var errs field.ErrorList
 		for i, item := range n.Content {
-			errs = append(errs, decodeNode(item, path.Index(i), s.Index(i))...)
+			errs = append(errs, d.decodeNode(item, path.Index(i), s.Index(i))...)
 		}
 		v.Set(s)
 		return errs
@@ -68,7 +78,7 @@ func decodeNode(n *yaml.Node, path *field.Path, v reflect.Value) field.ErrorList
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			key := n.Content[i].Value
 			elem := reflect.New(v.Type().Elem()).Elem()
-			errs = append(errs, decodeNode(n.Content[i+1], path.Key(key), elem)...)
+			errs = append(errs, d.decodeNode(n.Content[i+1], path.Key(key), elem)...)
 			m.SetMapIndex(reflect.ValueOf(key).Convert(v.Type().Key()), elem)
 		}
 		v.Set(m)
@@ -103,7 +113,7 @@ func decodeViaJSON(n *yaml.Node, path *field.Path, u json.Unmarshaler) field.Err
 	return nil
 }
 
-func decodeStruct(n *yaml.Node, path *field.Path, v reflect.Value) field.ErrorList {
+func (d *yamlDecoder) decodeStruct(n *yaml.Node, path *field.Path, v reflect.Value) field.ErrorList {
 	if n.Kind != yaml.MappingNode {
 		return field.ErrorList{field.Invalid(path, nodeValue(n), "must be a mapping")}
 	}
@@ -127,7 +137,7 @@ func decodeStruct(n *yaml.Node, path *field.Path, v reflect.Value) field.ErrorLi
 			errs = append(errs, field.Invalid(p, key, "unknown field; known fields here: "+strings.Join(sortedKeys(fields), ", ")))
 			continue
 		}
-		errs = append(errs, decodeNode(val, p, v.FieldByIndex(idx))...)
+		errs = append(errs, d.decodeNode(val, p, v.FieldByIndex(idx))...)
 	}
 	return errs
 }

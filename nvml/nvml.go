@@ -38,7 +38,9 @@ type Device interface {
 
 	// GpuInstanceProfiles lists the GPU-instance profiles the GPU supports (MIG mode on).
 	GpuInstanceProfiles() ([]GpuInstanceProfile, error)
-	// GpuInstanceProfileByID returns the profile with that NVML profile id.
+	// GpuInstanceProfileByID returns the profile with that NVML profile id. Every call that
+	// takes a profile id answers ErrorInvalidArgument for an id the GPU does not have, and
+	// the profile calls answer ErrorNotSupported while MIG mode is off.
 	GpuInstanceProfileByID(profileID int) (GpuInstanceProfile, error)
 	// GpuInstancePossiblePlacements lists every legal placement of the profile, in use or not.
 	GpuInstancePossiblePlacements(profileID int) ([]api.Placement, error)

@@ -42,6 +42,11 @@ func discover(t *testing.T, cfg *config.DeviceConfig, node string, specs ...sim.
 	return res
 }
 
+// placements lists placements of one size at the given starts.
+func placements(size int, starts ...int) []api.Placement {
+	return config.PlacementSet{Starts: starts, Size: size}.List()
+}
+
 // TestEveryModelPublishesItsDefaultProfiles checks the published profiles of every model
 // and NVML name against the model table (itself tested equal to the facts file).
 func TestEveryModelPublishesItsDefaultProfiles(t *testing.T) {
@@ -90,10 +95,10 @@ func TestA100SeedInventory(t *testing.T) {
 	res := discover(t, config.DefaultDeviceConfig(), "mig-node", sim.GPUSpec{Model: "NVIDIA A100-PCIE-40GB"})
 	g := res.GPUs[0]
 	want := []api.MigProfile{
-		{Name: "1g.5gb", MemoryMB: 4864, Core: 15, SliceCount: 1, Instances: 7, Placements: []api.Placement{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}}},
-		{Name: "2g.10gb", MemoryMB: 9856, Core: 29, SliceCount: 2, Instances: 3, Placements: []api.Placement{{0, 2}, {2, 2}, {4, 2}}},
-		{Name: "3g.20gb", MemoryMB: 19968, Core: 43, SliceCount: 3, Instances: 2, Placements: []api.Placement{{0, 4}, {4, 4}}},
-		{Name: "7g.40gb", MemoryMB: 40192, Core: 100, SliceCount: 7, Instances: 1, Placements: []api.Placement{{0, 8}}},
+		{Name: "1g.5gb", MemoryMB: 4864, Core: 15, SliceCount: 1, Instances: 7, Placements: placements(1, 0, 1, 2, 3, 4, 5, 6)},
+		{Name: "2g.10gb", MemoryMB: 9856, Core: 29, SliceCount: 2, Instances: 3, Placements: placements(2, 0, 2, 4)},
+		{Name: "3g.20gb", MemoryMB: 19968, Core: 43, SliceCount: 3, Instances: 2, Placements: placements(4, 0, 4)},
+		{Name: "7g.40gb", MemoryMB: 40192, Core: 100, SliceCount: 7, Instances: 1, Placements: placements(8, 0)},
 	}
 	if !reflect.DeepEqual(g.MigProfiles, want) || g.Count != 7 || g.Devmem != 40192 {
 		t.Errorf("A100-40GB inventory:\n%+v\nwant\n%+v", g, want)
@@ -153,7 +158,7 @@ nvidia:
 	h100 := res.GPUs[0].MigProfiles
 	// 1g.20gb is its own profile (id 15, 20096 MiB, 26 SMs), not 1g.10gb's memory.
 	if len(h100) != 4 || h100[2].Name != "1g.20gb" || h100[2].MemoryMB != 20096 || h100[2].Core != 20 ||
-		!reflect.DeepEqual(h100[2].Placements, []api.Placement{{0, 2}, {2, 2}, {4, 2}, {6, 2}}) || h100[1].Name != "1g.10gb+me" || h100[1].Instances != 1 {
+		!reflect.DeepEqual(h100[2].Placements, placements(2, 0, 2, 4, 6)) || h100[1].Name != "1g.10gb+me" || h100[1].Instances != 1 {
 		t.Errorf("H100 variants: %+v", h100)
 	}
 	if a100 := res.GPUs[1].MigProfiles; len(a100) != 2 || a100[1].Name != "7g.80gb" {

@@ -262,7 +262,7 @@ func TestProfilesResolvedByID(t *testing.T) {
 			if p, err := d.GpuInstanceProfileByID(9); err != nil || p.Name != "3g.20gb" {
 				t.Fatalf("profile 9 = %+v, %v", p, err)
 			}
-			if _, err := d.GpuInstanceProfileByID(42); !nvml.IsCode(err, nvml.ErrorNotFound) {
+			if _, err := d.GpuInstanceProfileByID(42); !nvml.IsCode(err, nvml.ErrorInvalidArgument) {
 				t.Fatalf("profile 42: %v", err)
 			}
 

@@ -104,13 +104,13 @@ func (d *device) profileByID(profileID int, op string) (profile, error) {
 		}
 	}
 	if len(profiles) == 0 {
-		return profile{}, nvml.Errorf(nvml.ErrorNotFound, op, "the GPU reports no GPU-instance profiles; is MIG mode enabled?")
+		return profile{}, nvml.Errorf(nvml.ErrorNotSupported, op, "the GPU reports no GPU-instance profiles; is MIG mode enabled?")
 	}
 	ids := make([]string, len(profiles))
 	for i, p := range profiles {
 		ids[i] = fmt.Sprintf("%d (%s)", p.info.Id, p.pub.Name)
 	}
-	return profile{}, nvml.Errorf(nvml.ErrorNotFound, op, "no GPU-instance profile with id %d; the GPU has %s", profileID, strings.Join(ids, ", "))
+	return profile{}, nvml.Errorf(nvml.ErrorInvalidArgument, op, "no GPU-instance profile with id %d; the GPU has %s", profileID, strings.Join(ids, ", "))
 }
 
 // gpuInstanceProfiles reads every GPU_INSTANCE_PROFILE_* index, in index order, skipping the

@@ -835,3 +835,51 @@ func TestConcurrentCreate(t *testing.T) {
 		t.Errorf("%d GIs exist, want 7", len(gis))
 	}
 }
+
+// TestLimitRules checks the instance-count, instance-limit and compute-slice rules, which the
+// real tables never reach before a placement overlaps; each case tightens one limit of a copy
+// of the A100-40GB so that it binds first.
+func TestLimitRules(t *testing.T) {
+	tests := []struct {
+		name   string
+		tweak  func(m *config.Model)
+		starts []int // 1g.5gb creates; all but the last succeed
+		detail string
+	}{
+		{"profile instance count", func(m *config.Model) { mustProfile(t, m, "1g.5gb").Instances = 2 }, []int{0, 1, 2}, "allows 2 instances"},
+		{"model instance limit", func(m *config.Model) { m.MaxInstances = 3 }, []int{0, 1, 2, 3}, "allows 3 GPU instances"},
+		{"compute slices", func(m *config.Model) { mustProfile(t, m, "7g.40gb").Name = "4g.40gb" }, []int{0, 1, 2, 3, 4}, "compute slices"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, d := simDevice(t, Options{}, GPUSpec{Model: "A100-40GB"})
+			m := *s.gpus[0].model
+			m.Profiles = append([]config.Profile(nil), m.Profiles...)
+			tc.tweak(&m)
+			s.gpus[0].model = &m
+			id := mustProfile(t, &m, "1g.5gb").ID
+			for i, start := range tc.starts {
+				_, err := d.CreateGpuInstanceWithPlacement(id, api.Placement{Start: start, Size: 1})
+				if i < len(tc.starts)-1 {
+					wantCode(t, fmt.Sprintf("create #%d", i+1), err, nvml.Success)
+					continue
+				}
+				wantCode(t, "one too many", err, nvml.ErrorInsufficientRes)
+				if err != nil && !strings.Contains(err.Error(), tc.detail) {
+					t.Errorf("%v does not say %q", err, tc.detail)
+				}
+			}
+		})
+	}
+}
+
+func mustProfile(t *testing.T, m *config.Model, name string) *config.Profile {
+	t.Helper()
+	for i := range m.Profiles {
+		if m.Profiles[i].Name == name {
+			return &m.Profiles[i]
+		}
+	}
+	t.Fatalf("no profile %s", name)
+	return nil
+}

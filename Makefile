@@ -1,0 +1,58 @@
+# dynamig — `make demo` and `make test` are all a fresh clone needs (Go and gcc).
+SHELL := /usr/bin/env bash
+GO ?= go
+# go-nvml is cgo; its header marks calls deprecated that we do not use.
+export CGO_ENABLED := 1
+export CGO_CFLAGS := -Wno-deprecated-declarations
+
+BIN := bin
+# How long each fuzz target runs in `make test`.
+FUZZTIME ?= 5s
+# Packages with concurrency run under the race detector.
+RACE_PKGS := ./nvml/...
+# package:FuzzTarget pairs, one decoder of external input each.
+FUZZ_TARGETS := \
+	./api:FuzzDecodeInventory \
+	./api:FuzzDecodeMigReservations \
+	./config:FuzzParseDeviceConfig \
+	./nvml/sim:FuzzParseGPUList
+
+.PHONY: all build test unit race fuzz lint demo clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+test: lint unit race fuzz
+
+unit:
+	$(GO) test -count=1 ./...
+
+race:
+	$(GO) test -count=1 -race $(RACE_PKGS)
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$fn ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run='^$$' -fuzz="^$$fn$$" -fuzztime=$(FUZZTIME) $$pkg; \
+	done
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	@# api, config and nvml must not link k8s.io/kubernetes (DESIGN.md).
+	@for p in ./api/... ./config/... ./nvml/...; do \
+		if $(GO) list -deps -test $$p | grep -q '^k8s.io/kubernetes/'; then echo "$$p links k8s.io/kubernetes"; exit 1; fi; \
+	done
+
+# The sandbox cluster lands with issue 5; until then the demo shows what the seed node's
+# device plugin would publish.
+demo: build
+	@echo "make demo: the in-process sandbox cluster is not built yet (issue 5)."
+	@echo "Meanwhile, the inventory the seed's MIG node (one NVIDIA A100-PCIE-40GB) would publish:"
+	$(BIN)/dynamig-device-plugin discover --nvml=sim --sim-gpus='NVIDIA A100-PCIE-40GB:1' --node-name=mig-node -o table
+
+clean:
+	rm -rf $(BIN)

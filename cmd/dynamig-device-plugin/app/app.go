@@ -1,0 +1,126 @@
+// Package app holds the dynamig-device-plugin commands.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dynamig/dynamig/nvml"
+	"github.com/dynamig/dynamig/nvml/gonvml"
+	"github.com/dynamig/dynamig/nvml/sim"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	// exitUsage is for bad flags and bad input (an unknown model, an invalid config).
+	exitUsage = 2
+)
+
+// usageError marks an error the user can fix by changing the command line or its input.
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// Main runs the command line and returns the process exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	root := newRootCommand(stdout, stderr)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(context.Background())
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "Error: %v\n", err)
+	if errors.As(err, new(usageError)) {
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		return exitUsage
+	}
+	return exitError
+}
+
+func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "dynamig-device-plugin",
+		Short:         "dynamig's node agent: publishes the GPU inventory and realises MIG reservations",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(newDiscoverCommand())
+	return root
+}
+
+// usageArgs marks a positional-argument error as a usage error.
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
+}
+
+// nvmlFlags selects and builds the NVML backend.
+type nvmlFlags struct {
+	backend string
+	simGPUs string
+}
+
+func (f *nvmlFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.backend, "nvml", "real", `NVML backend: "real" (libnvidia-ml through go-nvml) or "sim" (simulated GPUs, see --sim-gpus)`)
+	cmd.Flags().StringVar(&f.simGPUs, "sim-gpus", "", "with --nvml=sim: the simulated GPUs as MODEL[:COUNT],... where MODEL is a model key (A100-40GB) or an NVML name (NVIDIA A100-PCIE-40GB)")
+}
+
+// open validates the flags and returns an initialised library; seed makes simulated UUIDs
+// stable per node.
+func (f *nvmlFlags) open(seed string) (nvml.Interface, error) {
+	var lib nvml.Interface
+	switch f.backend {
+	case "real":
+		if f.simGPUs != "" {
+			return nil, usagef("--sim-gpus needs --nvml=sim")
+		}
+		lib = gonvml.New()
+	case "sim":
+		if f.simGPUs == "" {
+			return nil, usagef("--nvml=sim needs --sim-gpus, e.g. --sim-gpus=A100-40GB:2,H100-80GB:1")
+		}
+		specs, err := sim.ParseGPUList(f.simGPUs)
+		if err != nil {
+			return nil, usagef("--sim-gpus: %v", err)
+		}
+		s, err := sim.New(sim.Options{Seed: seed}, specs...)
+		if err != nil {
+			return nil, usagef("--sim-gpus: %v", err)
+		}
+		lib = s
+	default:
+		return nil, usagef(`--nvml must be "real" or "sim", not %q`, f.backend)
+	}
+	if err := lib.Init(); err != nil {
+		return nil, err
+	}
+	return lib, nil
+}
+
+// defaultNodeName is what a DaemonSet pod passes as NODE_NAME, else the host name.
+func defaultNodeName() string {
+	if n := os.Getenv("NODE_NAME"); n != "" {
+		return n
+	}
+	if h, err := os.Hostname(); err == nil {
+		return h
+	}
+	return ""
+}
+
