@@ -40,7 +40,7 @@ fuzz:
 	done
 
 lint:
-	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@# api, config and nvml must not link k8s.io/kubernetes (DESIGN.md).
 	@for p in ./api/... ./config/... ./nvml/...; do \

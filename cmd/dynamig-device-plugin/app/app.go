@@ -123,4 +123,3 @@ func defaultNodeName() string {
 	}
 	return ""
 }
-
