@@ -23,11 +23,8 @@ type DynamicMIGArgs struct {
 	// the MIG allowlist and the request defaults; empty means HAMi v2.10's defaults.
 	DeviceConfigFile string `json:"deviceConfigFile,omitempty"`
 
-	// Resource names; they must agree with the device config's.
-	ResourceCountName            string `json:"resourceCountName,omitempty"`
-	ResourceMemoryName           string `json:"resourceMemoryName,omitempty"`
-	ResourceMemoryPercentageName string `json:"resourceMemoryPercentageName,omitempty"`
-	ResourceCoreName             string `json:"resourceCoreName,omitempty"`
+	// ResourceNames must agree with the device config's.
+	ResourceNames `json:",inline"`
 
 	// NodeSchedulerPolicy orders nodes: binpack (default) or spread.
 	NodeSchedulerPolicy string `json:"nodeSchedulerPolicy,omitempty"`
@@ -84,10 +81,7 @@ func (a *DynamicMIGArgs) SetDefaults() {
 			*field = value
 		}
 	}
-	setDefault(&a.ResourceCountName, api.ResourceCount)
-	setDefault(&a.ResourceMemoryName, api.ResourceMemory)
-	setDefault(&a.ResourceMemoryPercentageName, api.ResourceMemoryPercentage)
-	setDefault(&a.ResourceCoreName, api.ResourceCores)
+	a.ResourceNames.setDefaults()
 	setDefault(&a.NodeSchedulerPolicy, api.PolicyBinpack)
 	setDefault(&a.MIGGPUSchedulerPolicy, api.PolicyBinpack)
 	setDefault(&a.HAMiCoreGPUSchedulerPolicy, api.PolicySpread)
@@ -107,15 +101,7 @@ func (a *DynamicMIGArgs) SetDefaults() {
 
 // Validate checks defaulted args; paths are relative to the plugin's args.
 func (a *DynamicMIGArgs) Validate() field.ErrorList {
-	var errs field.ErrorList
-	for _, rn := range []struct{ key, value string }{
-		{"resourceCountName", a.ResourceCountName},
-		{"resourceMemoryName", a.ResourceMemoryName},
-		{"resourceMemoryPercentageName", a.ResourceMemoryPercentageName},
-		{"resourceCoreName", a.ResourceCoreName},
-	} {
-		errs = append(errs, ValidateResourceName(field.NewPath(rn.key), rn.value)...)
-	}
+	errs := a.ResourceNames.validate(nil)
 	policies := []string{api.PolicyBinpack, api.PolicySpread}
 	for _, p := range []struct{ key, value string }{
 		{"nodeSchedulerPolicy", a.NodeSchedulerPolicy},

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/sets"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/dynamig/dynamig/api"
@@ -41,11 +40,8 @@ type DeviceConfig struct {
 // NvidiaConfig is the nvidia section. Fields HAMi's chart writes that dynamig does not use
 // are accepted and kept.
 type NvidiaConfig struct {
-	ResourceCountName            string `json:"resourceCountName"`
-	ResourceMemoryName           string `json:"resourceMemoryName"`
-	ResourceMemoryPercentageName string `json:"resourceMemoryPercentageName"`
-	ResourceCoreName             string `json:"resourceCoreName"`
-	ResourcePriorityName         string `json:"resourcePriorityName"`
+	ResourceNames        `json:",inline"`
+	ResourcePriorityName string `json:"resourcePriorityName"`
 	// DefaultMemory is the MiB per device of a request that names neither gpumem nor
 	// gpumem-percentage; 0 means the whole device (on MIG, the full-GPU profile).
 	DefaultMemory int `json:"defaultMemory"`
@@ -109,20 +105,17 @@ func (f *FilterDevices) Excludes(uuid string, index int) bool {
 // DefaultDeviceConfig is HAMi v2.10's device-config.yaml as its chart ships it.
 func DefaultDeviceConfig() *DeviceConfig {
 	return &DeviceConfig{Nvidia: NvidiaConfig{
-		ResourceCountName:            api.ResourceCount,
-		ResourceMemoryName:           api.ResourceMemory,
-		ResourceMemoryPercentageName: api.ResourceMemoryPercentage,
-		ResourceCoreName:             api.ResourceCores,
-		ResourcePriorityName:         api.ResourcePriority,
-		DefaultMemory:                0,
-		DefaultCores:                 0,
-		DefaultGPUNum:                1,
-		DeviceSplitCount:             10,
-		DeviceMemoryScaling:          1,
-		DeviceCoreScaling:            1,
-		MemoryFactor:                 1,
-		GPUCorePolicy:                "default",
-		MigProfileAllowlist:          DefaultMigProfileAllowlist(),
+		ResourceNames:        DefaultResourceNames(),
+		ResourcePriorityName: api.ResourcePriority,
+		DefaultMemory:        0,
+		DefaultCores:         0,
+		DefaultGPUNum:        1,
+		DeviceSplitCount:     10,
+		DeviceMemoryScaling:  1,
+		DeviceCoreScaling:    1,
+		MemoryFactor:         1,
+		GPUCorePolicy:        "default",
+		MigProfileAllowlist:  DefaultMigProfileAllowlist(),
 	}}
 }
 
@@ -174,20 +167,7 @@ func LoadDeviceConfig(path string) (*DeviceConfig, error) {
 
 func (c *DeviceConfig) validate() field.ErrorList {
 	nv, p := &c.Nvidia, field.NewPath("nvidia")
-	var errs field.ErrorList
-	names := map[string]string{}
-	for _, rn := range []struct{ key, value string }{
-		{"resourceCountName", nv.ResourceCountName},
-		{"resourceMemoryName", nv.ResourceMemoryName},
-		{"resourceMemoryPercentageName", nv.ResourceMemoryPercentageName},
-		{"resourceCoreName", nv.ResourceCoreName},
-	} {
-		errs = append(errs, ValidateResourceName(p.Child(rn.key), rn.value)...)
-		if other, dup := names[rn.value]; dup && rn.value != "" {
-			errs = append(errs, field.Invalid(p.Child(rn.key), rn.value, "is also "+other))
-		}
-		names[rn.value] = rn.key
-	}
+	errs := nv.ResourceNames.validate(p)
 	if nv.DefaultMemory < 0 {
 		errs = append(errs, field.Invalid(p.Child("defaultMemory"), nv.DefaultMemory, "must not be negative (MiB; 0 means the whole device)"))
 	}
@@ -213,21 +193,6 @@ func (c *DeviceConfig) validate() field.ErrorList {
 	errs = append(errs, allowErrs...)
 	c.Warnings = append(c.Warnings, warnings...)
 	return append(errs, validateNodeConfig(field.NewPath("nodeconfig"), c.NodeConfig)...)
-}
-
-// ValidateResourceName checks an extended resource name such as nvidia.com/gpu.
-func ValidateResourceName(path *field.Path, name string) field.ErrorList {
-	if name == "" {
-		return field.ErrorList{field.Required(path, "an extended resource name such as nvidia.com/gpu")}
-	}
-	if !strings.Contains(name, "/") {
-		return field.ErrorList{field.Invalid(path, name, "must be a domain-qualified name such as nvidia.com/gpu")}
-	}
-	var errs field.ErrorList
-	for _, msg := range validation.IsQualifiedName(name) {
-		errs = append(errs, field.Invalid(path, name, msg))
-	}
-	return errs
 }
 
 func validateAllowlist(path *field.Path, entries []AllowlistEntry) (field.ErrorList, []string) {
