@@ -1,0 +1,344 @@
+package placement
+
+import (
+	"cmp"
+	"fmt"
+	"math/bits"
+	"slices"
+	"strings"
+
+	"github.com/dynamig/dynamig/api"
+)
+
+// maxProfiles bounds the profiles a GPU can publish; NVML has 18 GPU-instance profiles.
+const maxProfiles = 24
+
+// slotMask is a set of memory slots; 32 bits hold every GPU (8, 4 or 12 slots).
+type slotMask uint32
+
+func maskOf(p api.Placement) slotMask {
+	if p.Start < 0 || p.Size <= 0 || p.End() > 32 {
+		return 0
+	}
+	return slotMask((uint64(1)<<uint(p.Size) - 1) << uint(p.Start))
+}
+
+// migProfile is one published profile prepared for fitting.
+type migProfile struct {
+	pub    *api.MigProfile
+	name   api.ProfileName
+	slices int
+	size   int // slots one placement spans
+	masks  []slotMask
+	// hamiDescending is HAMi's placement order: highest start first for 1g and 3g.
+	hamiDescending bool
+}
+
+// migGPU is the static part of one MIG GPU: its profiles as slot masks.
+type migGPU struct {
+	info       *api.GPU
+	slots      int
+	all        slotMask
+	maxGIs     int // 0: no limit published
+	fullSlices int
+	profiles   []migProfile // as published: by memory, then slices
+}
+
+// migUsage is what is placed on a MIG GPU; a value, copied to evaluate a candidate.
+type migUsage struct {
+	used     slotMask
+	count    [maxProfiles]uint8
+	gis      int
+	slices   int
+	me       int // "+me" GIs
+	allME    int // "+me.all" GIs
+	notMinus int // GIs other than "-me" ones
+}
+
+func newMIGGPU(info *api.GPU) *migGPU {
+	g := &migGPU{info: info, slots: info.SlotCount(), maxGIs: info.Count}
+	g.all = slotMask(uint64(1)<<uint(min(g.slots, 32)) - 1)
+	for i := range info.MigProfiles {
+		if i == maxProfiles {
+			break
+		}
+		pub := &info.MigProfiles[i]
+		name, err := api.ParseProfileName(pub.Name)
+		if err != nil {
+			continue // the inventory decoder refuses these; be safe with hand-made ones
+		}
+		p := migProfile{pub: pub, name: name, slices: max(pub.SliceCount, name.Slices),
+			hamiDescending: name.Slices == 1 || name.Slices == 3}
+		for _, pl := range pub.Placements {
+			if m := maskOf(pl); m != 0 && pl.End() <= g.slots {
+				p.masks = append(p.masks, m)
+				p.size = pl.Size
+			}
+		}
+		// Compute slices are bounded by the full-GPU profile's; when the allowlist hides it,
+		// the legal placements already keep the sum within it (A100: 4g@0 + 3g@4 = 7).
+		if p.size == g.slots && name.Variant == "" {
+			g.fullSlices = max(g.fullSlices, p.slices)
+		}
+		g.profiles = append(g.profiles, p)
+	}
+	// Smallest first: memory, then slices, then plain before variants, which take engines
+	// that other instances may need.
+	slices.SortStableFunc(g.profiles, func(a, b migProfile) int {
+		return cmp.Or(cmp.Compare(a.pub.MemoryMB, b.pub.MemoryMB), cmp.Compare(a.slices, b.slices),
+			cmp.Compare(variantRank[a.name.Variant], variantRank[b.name.Variant]))
+	})
+	return g
+}
+
+var variantRank = map[string]int{"": 0, "-me": 1, "+gfx": 2, "+me": 3, "+me.all": 4}
+
+// profileIndex finds a published profile by name, -1 if it is not published.
+func (g *migGPU) profileIndex(name string) int {
+	for i := range g.profiles {
+		if g.profiles[i].pub.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// add records an instance of the named profile at pl. Reservations of profiles the GPU no
+// longer publishes (an allowlist change) still occupy their slots and slices.
+func (g *migGPU) add(u *migUsage, name string, pl api.Placement) {
+	u.used |= maskOf(pl)
+	u.gis++
+	pn, err := api.ParseProfileName(name)
+	if err == nil {
+		u.slices += pn.Slices
+		switch pn.Variant {
+		case "+me":
+			u.me++
+		case "+me.all":
+			u.allME++
+		}
+		if pn.Variant != "-me" {
+			u.notMinus++
+		}
+	}
+	if i := g.profileIndex(name); i >= 0 && u.count[i] < 255 {
+		u.count[i]++
+	}
+}
+
+// placeable reports whether one more instance of profile i is allowed by the instance
+// counts, compute slices and media-engine rules, ignoring where it goes.
+func (g *migGPU) placeable(u *migUsage, i int) bool { return g.limit(u, i) == "" }
+
+// limit names the rule that forbids one more instance of profile i, "" if none does.
+func (g *migGPU) limit(u *migUsage, i int) string {
+	p := &g.profiles[i]
+	switch {
+	case p.pub.Instances > 0 && int(u.count[i]) >= p.pub.Instances:
+		return fmt.Sprintf("%s has its %d instances", p.pub.Name, p.pub.Instances)
+	case g.maxGIs > 0 && u.gis >= g.maxGIs:
+		return fmt.Sprintf("the GPU has its %d MIG instances", g.maxGIs)
+	case g.fullSlices > 0 && u.slices+p.slices > g.fullSlices:
+		return fmt.Sprintf("%s needs %d compute slices and %d of %d are free", p.pub.Name, p.slices, g.fullSlices-u.slices, g.fullSlices)
+	}
+	switch p.name.Variant {
+	case "+me":
+		if u.me > 0 || u.allME > 0 {
+			return fmt.Sprintf("%s needs the media engines another instance holds", p.pub.Name)
+		}
+	case "+me.all":
+		if u.notMinus > 0 {
+			return fmt.Sprintf("%s needs every media engine and other instances hold some", p.pub.Name)
+		}
+	case "-me":
+	default:
+		if u.allME > 0 {
+			return fmt.Sprintf("a +me.all instance holds every media engine; only -me profiles fit beside it")
+		}
+	}
+	return ""
+}
+
+// capacity is how many more instances of profile i fit. A profile's legal placements are
+// disjoint on every GPU of the facts file, so counting free ones is exact; overlapping
+// placement lists are counted greedily.
+func (g *migGPU) capacity(u *migUsage, i int) int {
+	p := &g.profiles[i]
+	if !g.placeable(u, i) {
+		return 0
+	}
+	n, taken := 0, u.used
+	for _, m := range p.masks {
+		if m&taken == 0 {
+			n++
+			taken |= m
+		}
+	}
+	if p.pub.Instances > 0 {
+		n = min(n, p.pub.Instances-int(u.count[i]))
+	}
+	if g.maxGIs > 0 {
+		n = min(n, g.maxGIs-u.gis)
+	}
+	return n
+}
+
+// deadSlots counts free slots that no placeable profile can cover any more.
+func (g *migGPU) deadSlots(u *migUsage) int {
+	covered := u.used
+	for i := range g.profiles {
+		if !g.placeable(u, i) {
+			continue
+		}
+		for _, m := range g.profiles[i].masks {
+			if m&u.used == 0 {
+				covered |= m
+			}
+		}
+	}
+	return bits.OnesCount32(uint32(g.all &^ covered))
+}
+
+// weightedCapacity is Σ capacity × slots per placement over every profile: how much the GPU
+// can still host, larger profiles counting more.
+func (g *migGPU) weightedCapacity(u *migUsage) int {
+	total := 0
+	for i := range g.profiles {
+		total += g.capacity(u, i) * g.profiles[i].size
+	}
+	return total
+}
+
+// cost is the fragmentation cost of placing profile i at placement j: the weighted capacity
+// lost plus the slots it leaves dead, each weighted as the loss of a full GPU's capacity
+// (a dead slot is wasted for as long as its neighbours live).
+func (g *migGPU) cost(u *migUsage, i, j int) int {
+	after := *u
+	after.used |= g.profiles[i].masks[j]
+	after.count[i]++
+	after.gis++
+	after.slices += g.profiles[i].slices
+	switch g.profiles[i].name.Variant {
+	case "+me":
+		after.me++
+	case "+me.all":
+		after.allME++
+	}
+	if g.profiles[i].name.Variant != "-me" {
+		after.notMinus++
+	}
+	dead := g.deadSlots(&after) - g.deadSlots(u)
+	lost := g.weightedCapacity(u) - g.weightedCapacity(&after)
+	return dead*deadSlotWeight(g.slots) + lost
+}
+
+// deadSlotWeight is the cost of one dead slot: as much as the full-GPU profile's capacity.
+func deadSlotWeight(slots int) int { return slots }
+
+// migChoice is a candidate for one device on one MIG GPU.
+type migChoice struct {
+	profile   int
+	placement int
+	cost      int
+}
+
+// migDemand is one device's need, resolved against this GPU.
+type migDemand struct {
+	memoryMiB int
+	cores     int
+}
+
+// choose picks the profile and placement for one device, or says why none fits. With
+// fragmentation off the cost is ignored and HAMi's order decides.
+func (g *migGPU) choose(u *migUsage, d migDemand, fragmentationAware bool) (migChoice, refusal) {
+	var why refusal
+	bigEnough := false
+	for i := range g.profiles {
+		p := &g.profiles[i]
+		if p.pub.MemoryMB < d.memoryMiB || p.pub.Core < d.cores || len(p.masks) == 0 {
+			continue
+		}
+		bigEnough = true
+		limit := g.limit(u, i)
+		best := migChoice{profile: i, placement: -1}
+		for k := range p.masks {
+			j := k
+			if p.hamiDescending {
+				j = len(p.masks) - 1 - k
+			}
+			if p.masks[j]&u.used != 0 {
+				continue
+			}
+			if limit != "" {
+				best.placement = -2 // free placements exist; a limit forbids them
+				break
+			}
+			c := 0
+			if fragmentationAware {
+				c = g.cost(u, i, j)
+			}
+			if best.placement < 0 || c < best.cost {
+				best.placement, best.cost = j, c
+			}
+		}
+		if best.placement >= 0 {
+			return best, refusal{}
+		}
+		if best.placement == -2 {
+			why = why.closer(refusal{reason: ReasonInstanceLimit, detail: limit})
+			continue
+		}
+		// Fragmented: the free slots this profile could use add up to a placement, but no
+		// legal placement is wholly free.
+		var reach slotMask
+		for _, m := range p.masks {
+			reach |= m
+		}
+		free := bits.OnesCount32(uint32(reach &^ u.used))
+		if free >= p.size {
+			why = why.closer(refusal{reason: ReasonFragmented, detail: fmt.Sprintf("%s needs %d slots and %d are free, but not at a legal placement", p.pub.Name, p.size, free)})
+		} else {
+			why = why.closer(refusal{reason: ReasonPlacementsTaken, detail: fmt.Sprintf("every placement of %s is taken", p.pub.Name)})
+		}
+	}
+	if !bigEnough {
+		return migChoice{}, refusal{reason: ReasonNoProfile, detail: fmt.Sprintf("no allowlisted profile has %d MiB and %d%% of the cores (largest: %s)", d.memoryMiB, d.cores, g.largestProfile())}
+	}
+	return migChoice{}, why
+}
+
+func (g *migGPU) largestProfile() string {
+	if len(g.profiles) == 0 {
+		return "none published"
+	}
+	p := g.profiles[len(g.profiles)-1].pub
+	return fmt.Sprintf("%s, %d MiB, %d%% cores", p.Name, p.MemoryMB, p.Core)
+}
+
+// fullMemory is the memory of the full-GPU profile, the base of memory percentages.
+func (g *migGPU) fullMemory() int {
+	full := 0
+	for i := range g.profiles {
+		if g.profiles[i].size == g.slots && g.profiles[i].name.Variant == "" {
+			full = max(full, g.profiles[i].pub.MemoryMB)
+		}
+	}
+	if full == 0 {
+		return g.info.Devmem
+	}
+	return full
+}
+
+// utilisation is the share of memory slots in use, in [0,1].
+func (g *migGPU) utilisation(u *migUsage) float64 {
+	if g.slots == 0 {
+		return 1
+	}
+	return float64(bits.OnesCount32(uint32(u.used&g.all))) / float64(g.slots)
+}
+
+func (u *migUsage) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "used=%b gis=%d slices=%d", u.used, u.gis, u.slices)
+	return b.String()
+}
