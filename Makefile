@@ -14,6 +14,7 @@ RACE_PKGS := ./nvml/...
 FUZZ_TARGETS := \
 	./api:FuzzDecodeInventory \
 	./api:FuzzDecodeMigReservations \
+	./api:FuzzDecodeHAMiCoreDevices \
 	./config:FuzzParseDeviceConfig \
 	./nvml/sim:FuzzParseGPUList
 

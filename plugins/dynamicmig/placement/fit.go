@@ -2,6 +2,7 @@ package placement
 
 import (
 	"fmt"
+	"math/bits"
 	"slices"
 	"sort"
 	"strings"
@@ -369,4 +370,42 @@ func meanUtilisation(as []Assignment, util func(gpu int) float64) float64 {
 		return 0
 	}
 	return total / float64(len(seen))
+}
+
+// NodeUtilisation is the node's GPU occupancy once the fit is placed, in [0,1]: per GPU the
+// share of memory slots in use (MIG) or of shares, cores and memory (hami-core), averaged.
+func NodeUtilisation(gpus []GPU, res *Result) float64 {
+	if len(gpus) == 0 {
+		return 0
+	}
+	total := 0.0
+	for i := range gpus {
+		g := &gpus[i]
+		if g.Info.Mode == api.ModeMIG {
+			var used slotMask
+			for _, in := range g.MIG {
+				used |= maskOf(in.Placement)
+			}
+			for _, a := range res.Assignments {
+				if a.GPU == i && a.Mode == api.ModeMIG {
+					used |= maskOf(a.Placement)
+				}
+			}
+			if slots := g.Info.SlotCount(); slots > 0 {
+				total += float64(bits.OnesCount32(uint32(used))) / float64(slots)
+			}
+			continue
+		}
+		u := &coreUsage{}
+		for _, s := range g.Shares {
+			u.add(s, g.Info.Devcore)
+		}
+		for _, a := range res.Assignments {
+			if a.GPU == i && a.Mode == api.ModeHAMiCore {
+				u.add(Share{MemoryMiB: a.MemoryMiB, Cores: a.Cores}, g.Info.Devcore)
+			}
+		}
+		total += hamiScore(g, u) / 30
+	}
+	return total / float64(len(gpus))
 }

@@ -1,0 +1,242 @@
+package dynamicmig
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/utils/ptr"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+)
+
+// Bind hands a GPU pod to its node: it takes the node's hand-off Lease for the pod
+// (waiting while another pod of the node is being realised), then creates the Binding with
+// the reservation as the Binding's annotations, which the API server merges into the pod
+// together with the node. Two writes; never a bound pod without its reservation. Pods
+// without GPU requests are left to DefaultBinder.
+func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
+	r, ok := pl.reservations.get(pod.UID)
+	if !ok {
+		if _, err := readState(state); err != nil {
+			return fwk.NewStatus(fwk.Skip) // PreFilter skipped it: no GPU request
+		}
+		return fwk.AsStatus(fmt.Errorf("pod %s/%s has no reservation to bind", pod.Namespace, pod.Name))
+	}
+	if r.node != nodeName {
+		return fwk.AsStatus(fmt.Errorf("pod %s/%s was reserved on node %s, not %s", pod.Namespace, pod.Name, r.node, nodeName))
+	}
+	logger := klog.FromContext(ctx)
+	annotations, digest, err := bindingAnnotations(pod, nodeName, r.result)
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	holder := holderIdentity(pod)
+	waitStart := time.Now()
+	if err := pl.takeHandoff(ctx, pod, nodeName, holder, digest); err != nil {
+		return fwk.AsStatus(err)
+	}
+	observeHandoffWait(waitStart)
+	start := time.Now()
+	binding := &v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, Annotations: annotations},
+		Target:     v1.ObjectReference{Kind: "Node", Name: nodeName},
+	}
+	if err := pl.client.CoreV1().Pods(pod.Namespace).Bind(ctx, binding, metav1.CreateOptions{}); err != nil {
+		pl.releaseHandoff(ctx, nodeName, holder)
+		return fwk.AsStatus(fmt.Errorf("binding pod %s/%s to %s: %w", pod.Namespace, pod.Name, nodeName, err))
+	}
+	observeLatency("bind", start)
+	logger.V(2).Info("Bound GPU pod", "pod", klog.KObj(pod), "node", nodeName, "devices", describe(r.result))
+	pl.recordBindEvents(pod, r.result)
+	return nil
+}
+
+// bindingAnnotations are what the Binding carries: the reservation in its pool's format,
+// the node, the bind time and phase. digest is the SHA-256 the hand-off Lease records.
+func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result) (map[string]string, string, error) {
+	a := map[string]string{
+		api.AssignedNodeAnnotation: nodeName,
+		api.BindTimeAnnotation:     strconv.FormatInt(time.Now().Unix(), 10),
+		api.BindPhaseAnnotation:    api.BindPhaseAllocating,
+	}
+	var handedOff string
+	if res.Mode == api.ModeMIG {
+		recs := make([]api.MigReservation, len(res.Assignments))
+		for i, as := range res.Assignments {
+			recs[i] = api.MigReservation{ContainerIndex: as.ContainerIndex, DeviceIndex: as.DeviceIndex, GPUUUID: as.GPUUUID, Profile: as.Profile, Placement: as.Placement}
+		}
+		raw, err := api.EncodeMigReservations(recs)
+		if err != nil {
+			return nil, "", fmt.Errorf("encoding the reservation of %s/%s: %w", pod.Namespace, pod.Name, err)
+		}
+		a[api.MigReservationsAnnotation] = raw
+		handedOff = raw
+	} else {
+		containers := make([][]api.HAMiCoreDevice, len(pod.Spec.InitContainers)+len(pod.Spec.Containers))
+		for _, as := range res.Assignments {
+			if as.ContainerIndex < len(containers) {
+				containers[as.ContainerIndex] = append(containers[as.ContainerIndex], api.HAMiCoreDevice{UUID: as.GPUUUID, Type: "NVIDIA", MemoryMiB: as.MemoryMiB, Cores: as.Cores})
+			}
+		}
+		raw := api.EncodeHAMiCoreDevices(containers)
+		a[api.DevicesAllocatedAnnotation] = raw
+		a[api.DevicesToAllocateAnnotation] = raw
+		handedOff = raw
+	}
+	return a, api.ReservationDigest(handedOff), nil
+}
+
+// holderIdentity names the pod in the hand-off Lease.
+func holderIdentity(pod *v1.Pod) string {
+	return pod.Namespace + "/" + pod.Name + "/" + string(pod.UID)
+}
+
+// takeHandoff takes the node's hand-off Lease for the pod. It waits, never fails fast,
+// while another pod holds it, and takes it over only when that pod is gone, terminal,
+// fully realised, or still unbound after the Lease expired (a scheduler died between
+// Lease and Binding).
+func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, holder, digest string) error {
+	leases := pl.client.CoordinationV1().Leases(pl.args.LeaseNamespace)
+	name := api.HandoffLeaseName(nodeName)
+	ctx, cancel := context.WithTimeout(ctx, pl.args.HandoffTimeout.Duration)
+	defer cancel()
+	wait := 50 * time.Millisecond
+	for {
+		lease, err := leases.Get(ctx, name, metav1.GetOptions{})
+		now := metav1.NewMicroTime(time.Now())
+		switch {
+		case apierrors.IsNotFound(err):
+			lease = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: pl.args.LeaseNamespace}}
+			pl.fillHandoff(lease, holder, digest, now)
+			if _, err = leases.Create(ctx, lease, metav1.CreateOptions{}); err == nil {
+				return nil
+			}
+		case err != nil:
+		default:
+			current := ptr.Deref(lease.Spec.HolderIdentity, "")
+			var why string
+			if current != "" && current != holder {
+				why = pl.holderBlocks(ctx, lease, current)
+			}
+			if why == "" {
+				pl.fillHandoff(lease, holder, digest, now)
+				if _, err = leases.Update(ctx, lease, metav1.UpdateOptions{}); err == nil {
+					return nil
+				}
+			} else {
+				err = fmt.Errorf("%s", why)
+			}
+		}
+		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+			klog.FromContext(ctx).V(4).Info("Waiting for the hand-off Lease", "pod", klog.KObj(pod), "lease", name, "reason", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("timed out after %s waiting for hand-off Lease %s/%s: %v", pl.args.HandoffTimeout.Duration, pl.args.LeaseNamespace, name, err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+func (pl *DynamicMIG) fillHandoff(lease *coordinationv1.Lease, holder, digest string, now metav1.MicroTime) {
+	if lease.Annotations == nil {
+		lease.Annotations = map[string]string{}
+	}
+	lease.Annotations[api.ReservationDigestAnnotation] = digest
+	lease.Spec.HolderIdentity = ptr.To(holder)
+	lease.Spec.LeaseDurationSeconds = ptr.To(pl.args.HandoffLeaseDurationSeconds)
+	lease.Spec.AcquireTime = &now
+	lease.Spec.RenewTime = &now
+}
+
+// holderBlocks says why the current holder keeps the Lease, or "" when it may be taken over.
+func (pl *DynamicMIG) holderBlocks(ctx context.Context, lease *coordinationv1.Lease, holder string) string {
+	parts := strings.SplitN(holder, "/", 3)
+	if len(parts) != 3 {
+		return "" // not a holder this project writes: take it
+	}
+	p, err := pl.client.CoreV1().Pods(parts[0]).Get(ctx, parts[1], metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return ""
+	case err != nil:
+		return fmt.Sprintf("cannot read hand-off holder %s: %v", holder, err)
+	case string(p.UID) != parts[2], p.Status.Phase == v1.PodSucceeded, p.Status.Phase == v1.PodFailed, p.DeletionTimestamp != nil:
+		return ""
+	case p.Annotations[api.BindPhaseAnnotation] == api.BindPhaseSuccess || p.Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed:
+		return ""
+	case p.Spec.NodeName == "" && !leaseFresh(lease, time.Now()):
+		return ""
+	}
+	return fmt.Sprintf("pod %s/%s holds it and is being realised (bind-phase %q)", p.Namespace, p.Name, p.Annotations[api.BindPhaseAnnotation])
+}
+
+// releaseHandoff clears the Lease's holder after a failed Binding, if it is still ours.
+func (pl *DynamicMIG) releaseHandoff(ctx context.Context, nodeName, holder string) {
+	leases := pl.client.CoordinationV1().Leases(pl.args.LeaseNamespace)
+	lease, err := leases.Get(ctx, api.HandoffLeaseName(nodeName), metav1.GetOptions{})
+	if err != nil || ptr.Deref(lease.Spec.HolderIdentity, "") != holder {
+		return
+	}
+	lease.Spec.HolderIdentity = nil
+	delete(lease.Annotations, api.ReservationDigestAnnotation)
+	if _, err := leases.Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
+		klog.FromContext(ctx).Error(err, "Releasing the hand-off Lease after a failed Binding", "lease", klog.KObj(lease))
+	}
+}
+
+// recordBindEvents says on the pod what it got.
+func (pl *DynamicMIG) recordBindEvents(pod *v1.Pod, res *placement.Result) {
+	rec := pl.handle.EventRecorder()
+	if rec == nil {
+		return
+	}
+	rec.Eventf(pod, nil, v1.EventTypeNormal, "Reserved", "Binding", "Reserved %s", describe(res))
+	if res.Mode != api.ModeMIG {
+		return
+	}
+	perContainer := map[int]int{}
+	for _, a := range res.Assignments {
+		perContainer[a.ContainerIndex]++
+	}
+	for idx, n := range perContainer {
+		if n > 1 {
+			rec.Eventf(pod, nil, v1.EventTypeWarning, "MultipleMIGDevices", "Binding",
+				"container %s gets %d MIG devices, but CUDA uses one MIG device per process; run one process per device", containerName(pod, idx), n)
+		}
+	}
+}
+
+func containerName(pod *v1.Pod, idx int) string {
+	if idx < len(pod.Spec.InitContainers) {
+		return strconv.Quote(pod.Spec.InitContainers[idx].Name)
+	}
+	if idx -= len(pod.Spec.InitContainers); idx < len(pod.Spec.Containers) {
+		return strconv.Quote(pod.Spec.Containers[idx].Name)
+	}
+	return strconv.Itoa(idx)
+}
+
+// describe summarises a fit: "2g.10gb on GPU-… placement [0,2), …".
+func describe(res *placement.Result) string {
+	parts := make([]string, len(res.Assignments))
+	for i, a := range res.Assignments {
+		if a.Mode == api.ModeMIG {
+			parts[i] = fmt.Sprintf("%s on %s placement %s", a.Profile, a.GPUUUID, a.Placement)
+		} else {
+			parts[i] = fmt.Sprintf("%d MiB and %d%% cores of %s", a.MemoryMiB, a.Cores, a.GPUUUID)
+		}
+	}
+	return strings.Join(parts, ", ")
+}

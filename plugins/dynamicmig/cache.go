@@ -1,0 +1,110 @@
+package dynamicmig
+
+import (
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+)
+
+// inventoryCache decodes each node's inventory annotation once per distinct value.
+type inventoryCache struct {
+	mu    sync.Mutex
+	nodes map[string]decodedInventory
+}
+
+type decodedInventory struct {
+	raw  string
+	gpus []api.GPU
+	err  error
+}
+
+func newInventoryCache() *inventoryCache {
+	return &inventoryCache{nodes: map[string]decodedInventory{}}
+}
+
+// get returns the node's GPUs; ok is false when the node publishes no inventory.
+func (c *inventoryCache) get(node *v1.Node) (gpus []api.GPU, ok bool, err error) {
+	raw, ok := node.Annotations[api.NodeInventoryAnnotation]
+	if !ok {
+		return nil, false, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d, hit := c.nodes[node.Name]; hit && d.raw == raw {
+		return d.gpus, true, d.err
+	}
+	gpus, err = api.DecodeInventory(raw)
+	c.nodes[node.Name] = decodedInventory{raw: raw, gpus: gpus, err: err}
+	return gpus, true, err
+}
+
+// reservationCache holds the reservations Reserve made for pods whose Binding (and so
+// whose annotation) the scheduler has not seen yet; NodeInfo shows those pods without it.
+// It also memoises decoded annotations, which Filter reads for every pod on every node.
+type reservationCache struct {
+	mu       sync.RWMutex
+	inflight map[types.UID]inflight
+	decoded  map[string][]api.MigReservation
+}
+
+type inflight struct {
+	node   string
+	result *placement.Result
+}
+
+// maxDecoded bounds the memo of decoded annotations; it is dropped whole when full.
+const maxDecoded = 1 << 16
+
+func newReservationCache() *reservationCache {
+	return &reservationCache{inflight: map[types.UID]inflight{}, decoded: map[string][]api.MigReservation{}}
+}
+
+func (c *reservationCache) add(uid types.UID, node string, res *placement.Result) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.inflight[uid] = inflight{node: node, result: res}
+}
+
+func (c *reservationCache) get(uid types.UID) (inflight, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	r, ok := c.inflight[uid]
+	return r, ok
+}
+
+func (c *reservationCache) remove(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.inflight, uid)
+}
+
+func (c *reservationCache) inflightCount() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.inflight)
+}
+
+// decode returns a pod annotation's reservations, decoding each distinct value once.
+func (c *reservationCache) decode(raw string) ([]api.MigReservation, error) {
+	c.mu.RLock()
+	recs, ok := c.decoded[raw]
+	c.mu.RUnlock()
+	if ok {
+		return recs, nil
+	}
+	recs, err := api.DecodeMigReservations(raw)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if len(c.decoded) >= maxDecoded {
+		c.decoded = map[string][]api.MigReservation{}
+	}
+	c.decoded[raw] = recs
+	c.mu.Unlock()
+	return recs, nil
+}

@@ -1,0 +1,96 @@
+package dynamicmig
+
+import (
+	"context"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/dynamig/dynamig/api"
+)
+
+// EventsToRegister requeues a pod this plugin refused only on events that can help it: a
+// node added or its inventory changed, a pod with GPU reservations deleted (the scheduler
+// sees a pod that ended as deleted). A heartbeat Lease renewed after it had expired is not
+// a scheduler event; the plugin's Lease handler activates the pods it refused for it.
+func (pl *DynamicMIG) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
+	return []fwk.ClusterEventWithHint{
+		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation}, QueueingHintFn: pl.isSchedulableAfterNodeChange},
+		{Event: fwk.ClusterEvent{Resource: fwk.Pod, ActionType: fwk.Delete}, QueueingHintFn: pl.isSchedulableAfterPodDelete},
+	}, nil
+}
+
+func (pl *DynamicMIG) isSchedulableAfterNodeChange(logger klog.Logger, pod *v1.Pod, oldObj, newObj any) (fwk.QueueingHint, error) {
+	newNode, ok := newObj.(*v1.Node)
+	if !ok {
+		return fwk.Queue, nil
+	}
+	inv, has := newNode.Annotations[api.NodeInventoryAnnotation]
+	if !has {
+		return fwk.QueueSkip, nil
+	}
+	if oldNode, ok := oldObj.(*v1.Node); ok && oldNode.Annotations[api.NodeInventoryAnnotation] == inv {
+		return fwk.QueueSkip, nil
+	}
+	logger.V(5).Info("GPU inventory added or changed", "pod", klog.KObj(pod), "node", klog.KObj(newNode))
+	return fwk.Queue, nil
+}
+
+func (pl *DynamicMIG) isSchedulableAfterPodDelete(logger klog.Logger, pod *v1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
+	deleted, ok := oldObj.(*v1.Pod)
+	if !ok {
+		return fwk.Queue, nil // a tombstone: be safe
+	}
+	if deleted.Spec.NodeName == "" {
+		return fwk.QueueSkip, nil
+	}
+	_, mig := deleted.Annotations[api.MigReservationsAnnotation]
+	_, core := deleted.Annotations[api.DevicesAllocatedAnnotation]
+	if _, inflight := pl.reservations.get(deleted.UID); !mig && !core && !inflight {
+		return fwk.QueueSkip, nil
+	}
+	logger.V(5).Info("GPU pod deleted", "pod", klog.KObj(pod), "deleted", klog.KObj(deleted))
+	return fwk.Queue, nil
+}
+
+// leaseFresh reports whether a Lease was renewed within its duration.
+func leaseFresh(l *coordinationv1.Lease, now time.Time) bool {
+	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+		return false
+	}
+	return l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second).After(now)
+}
+
+// onLeaseEvent activates the pods refused for an expired heartbeat when any heartbeat
+// comes back.
+func (pl *DynamicMIG) onLeaseEvent(oldObj, newObj any) {
+	l, ok := newObj.(*coordinationv1.Lease)
+	if !ok || len(l.Name) <= len(api.HeartbeatLeasePrefix) || l.Name[:len(api.HeartbeatLeasePrefix)] != api.HeartbeatLeasePrefix {
+		return
+	}
+	now := time.Now()
+	if !leaseFresh(l, now) {
+		return
+	}
+	if old, ok := oldObj.(*coordinationv1.Lease); ok && leaseFresh(old, now) {
+		return // still alive: nothing changed for waiting pods
+	}
+	pods := map[string]*v1.Pod{}
+	pl.heartbeatWaiters.Range(func(k, v any) bool {
+		p := v.(*v1.Pod)
+		pods[p.Namespace+"/"+p.Name] = p
+		pl.heartbeatWaiters.Delete(k)
+		return true
+	})
+	if len(pods) > 0 {
+		logger := klog.Background().WithName(Name)
+		logger.V(4).Info("Device plugin heartbeat is back; activating pods", "lease", klog.KObj(l), "pods", len(pods))
+		pl.handle.Activate(logger, pods)
+	}
+}
+
+func (pl *DynamicMIG) onLeaseAdd(obj any)              { pl.onLeaseEvent(nil, obj) }
+func (pl *DynamicMIG) onLeaseUpdate(oldObj, newObj any) { pl.onLeaseEvent(oldObj, newObj) }

@@ -1,0 +1,203 @@
+package dynamicmig
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+)
+
+// SignPod lets pods without GPU requests keep the scheduler's batching; GPU pods are never
+// batched, since each one changes the occupancy the next one sees.
+func (pl *DynamicMIG) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragment, *fwk.Status) {
+	req, err := parsePod(pod, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
+	if err != nil || req != nil {
+		return nil, fwk.NewStatus(fwk.Unschedulable, "pods that ask for GPUs are not signable")
+	}
+	return nil, nil
+}
+
+// PreFilter parses the pod's GPU request once; pods without one are skipped.
+func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	req, err := parsePod(pod, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
+	if err != nil {
+		observeRefusal(reasonInvalidRequest)
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
+	}
+	if req == nil {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	if largest := pl.largestDevice(req.Mode, nodes); req.MaxMemoryMiB > largest {
+		observeRefusal(reasonInvalidRequest)
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf(
+			"the pod asks for %d MiB per GPU device (%s); the largest device any node offers has %d MiB",
+			req.MaxMemoryMiB, pl.args.ResourceMemoryName, largest))
+	}
+	state.Write(stateKey, &stateData{req: req, fits: map[string]*nodeFit{}})
+	return nil, nil
+}
+
+// largestDevice is the most memory one device of the mode can have on any node.
+func (pl *DynamicMIG) largestDevice(mode string, nodes []fwk.NodeInfo) int {
+	largest := 0
+	for _, ni := range nodes {
+		gpus, ok, err := pl.inventory.get(ni.Node())
+		if !ok || err != nil {
+			continue
+		}
+		for i := range gpus {
+			g := &gpus[i]
+			if mode != "" && g.Mode != mode {
+				continue
+			}
+			if g.Mode == api.ModeMIG {
+				for _, p := range g.MigProfiles {
+					largest = max(largest, p.MemoryMB)
+				}
+			} else {
+				largest = max(largest, g.Devmem)
+			}
+		}
+	}
+	return largest
+}
+
+// Filter fits the pod on one node: the node's inventory minus the reservations of the pods
+// in this NodeInfo, which is what makes preemption's dry runs right.
+func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
+	start := time.Now()
+	defer func() { observeLatency("filter", start) }()
+	s, err := readState(state)
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	node := nodeInfo.Node()
+	gpus, status := pl.nodeGPUs(nodeInfo)
+	if status != nil {
+		return status
+	}
+	if status := pl.checkHeartbeat(pod, node.Name); status != nil {
+		return status
+	}
+	res, refusal := placement.Fit(gpus, &s.req.Request, pl.opts)
+	if refusal != nil {
+		klog.FromContext(ctx).V(5).Info("Pod does not fit", "pod", klog.KObj(pod), "node", klog.KObj(node), "reason", refusal.Reason, "detail", refusal.Detail)
+		observeRefusal(string(refusal.Reason))
+		code := fwk.Unschedulable
+		switch refusal.Reason {
+		case placement.ReasonNoGPU, placement.ReasonNotSelected, placement.ReasonNoMIGGPU, placement.ReasonNoProfile:
+			code = fwk.UnschedulableAndUnresolvable // no pod's removal can help
+		}
+		return fwk.NewStatus(code, string(refusal.Reason))
+	}
+	s.setFit(node.Name, &nodeFit{result: res, gpus: gpus})
+	return nil
+}
+
+// nodeGPUs is the node's inventory with the occupancy of its pods.
+func (pl *DynamicMIG) nodeGPUs(nodeInfo fwk.NodeInfo) ([]placement.GPU, *fwk.Status) {
+	node := nodeInfo.Node()
+	inv, ok, err := pl.inventory.get(node)
+	if !ok {
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonNoInventory)
+	}
+	if err != nil {
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s has an unreadable GPU inventory: %v", node.Name, err))
+	}
+	gpus := make([]placement.GPU, len(inv))
+	byUUID := make(map[string]int, len(inv))
+	for i := range inv {
+		gpus[i].Info = inv[i]
+		byUUID[inv[i].ID] = i
+	}
+	for _, pi := range nodeInfo.GetPods() {
+		if err := pl.addOccupancy(gpus, byUUID, pi.GetPod()); err != nil {
+			// An unreadable reservation could hide an occupied placement: place nothing here.
+			return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s: pod %s/%s: %v", node.Name, pi.GetPod().Namespace, pi.GetPod().Name, err))
+		}
+	}
+	return gpus, nil
+}
+
+// addOccupancy adds a pod's reservations: from its annotations once bound, else from what
+// Reserve recorded for it.
+func (pl *DynamicMIG) addOccupancy(gpus []placement.GPU, byUUID map[string]int, p *v1.Pod) error {
+	if p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+		return nil
+	}
+	raw, hasMIG := p.Annotations[api.MigReservationsAnnotation]
+	coreRaw, hasCore := p.Annotations[api.DevicesAllocatedAnnotation]
+	if !hasMIG && !hasCore {
+		if r, ok := pl.reservations.get(p.UID); ok {
+			for _, a := range r.result.Assignments {
+				addAssignment(gpus, a)
+			}
+		}
+		return nil
+	}
+	if hasMIG {
+		recs, err := pl.reservations.decode(raw)
+		if err != nil {
+			return err
+		}
+		for _, r := range recs {
+			if i, ok := byUUID[r.GPUUUID]; ok {
+				gpus[i].MIG = append(gpus[i].MIG, placement.Instance{Profile: r.Profile, Placement: r.Placement})
+			}
+		}
+	}
+	if hasCore {
+		containers, err := api.DecodeHAMiCoreDevices(api.DevicesAllocatedAnnotation, coreRaw)
+		if err != nil {
+			return err
+		}
+		for _, devs := range containers {
+			for _, d := range devs {
+				if i, ok := byUUID[d.UUID]; ok {
+					gpus[i].Shares = append(gpus[i].Shares, placement.Share{MemoryMiB: d.MemoryMiB, Cores: d.Cores})
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func addAssignment(gpus []placement.GPU, a placement.Assignment) {
+	if a.GPU >= len(gpus) {
+		return
+	}
+	if a.Mode == api.ModeMIG {
+		gpus[a.GPU].MIG = append(gpus[a.GPU].MIG, placement.Instance{Profile: a.Profile, Placement: a.Placement})
+	} else {
+		gpus[a.GPU].Shares = append(gpus[a.GPU].Shares, placement.Share{MemoryMiB: a.MemoryMiB, Cores: a.Cores})
+	}
+}
+
+// checkHeartbeat refuses nodes whose device plugin stopped renewing its heartbeat Lease.
+func (pl *DynamicMIG) checkHeartbeat(pod *v1.Pod, node string) *fwk.Status {
+	lease, err := pl.leases.Get(api.HeartbeatLeaseName(node))
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return fwk.AsStatus(err)
+	case leaseFresh(lease, time.Now()):
+		return nil
+	}
+	pl.heartbeatWaiters.Store(pod.UID, pod)
+	observeRefusal(reasonHeartbeat)
+	return fwk.NewStatus(fwk.Unschedulable, reasonHeartbeat)
+}
+
+// Reasons beyond the allocator's.
+const (
+	reasonNoInventory    = "node publishes no GPU inventory (no dynamig-device-plugin)"
+	reasonHeartbeat      = "node's dynamig-device-plugin heartbeat expired"
+	reasonInvalidRequest = "invalid GPU request"
+)

@@ -1,0 +1,130 @@
+// Package dynamicmig is the DynamicMIG scheduler plugin: it reserves, for every GPU device a
+// pod asks for, an exact GPU and, on MIG GPUs, the MIG profile and placement, and hands the
+// reservation to the node's device plugin on the Binding. See DESIGN.md.
+package dynamicmig
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	coordinationinformers "k8s.io/client-go/informers/coordination/v1"
+	clientset "k8s.io/client-go/kubernetes"
+	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
+
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+)
+
+// Name is the plugin's name in the scheduler configuration.
+const Name = "DynamicMIG"
+
+// stateKey holds the pod's parsed request and per-node fits in the CycleState.
+const stateKey fwk.StateKey = Name
+
+var (
+	_ fwk.PreFilterPlugin   = &DynamicMIG{}
+	_ fwk.FilterPlugin      = &DynamicMIG{}
+	_ fwk.ScorePlugin       = &DynamicMIG{}
+	_ fwk.ScoreExtensions   = &DynamicMIG{}
+	_ fwk.ReservePlugin     = &DynamicMIG{}
+	_ fwk.BindPlugin        = &DynamicMIG{}
+	_ fwk.EnqueueExtensions = &DynamicMIG{}
+	_ fwk.SignPlugin        = &DynamicMIG{}
+)
+
+// DynamicMIG is the plugin.
+type DynamicMIG struct {
+	handle    fwk.Handle
+	client    clientset.Interface
+	args      *config.DynamicMIGArgs
+	device    *config.DeviceConfig
+	opts      placement.Options
+	leases    coordinationlisters.LeaseNamespaceLister
+	inventory *inventoryCache
+	// reservations holds what Reserve chose for pods not yet bound with it.
+	reservations *reservationCache
+	// heartbeatWaiters are pods refused because a node's device plugin heartbeat expired;
+	// they are activated when a heartbeat is renewed.
+	heartbeatWaiters sync.Map // types.UID → *v1.Pod
+}
+
+// New builds the plugin from its args (a *config.DynamicMIGArgs, or the raw args of the
+// scheduler configuration).
+func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Features) (fwk.Plugin, error) {
+	args, err := decodeArgs(obj)
+	if err != nil {
+		return nil, err
+	}
+	device, err := config.LoadDeviceConfig(args.DeviceConfigFile)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", Name, err)
+	}
+	if device.Nvidia.ResourceNames != args.ResourceNames {
+		return nil, fmt.Errorf("%s: the args' resource names %+v differ from the device config's %+v; set them equal", Name, args.ResourceNames, device.Nvidia.ResourceNames)
+	}
+	logger := klog.FromContext(ctx)
+	for _, w := range device.Warnings {
+		logger.Info("Device config warning", "warning", w)
+	}
+	pl := &DynamicMIG{
+		handle: h,
+		client: h.ClientSet(),
+		args:   args,
+		device: device,
+		opts: placement.Options{
+			MIGPolicy:          args.MIGGPUSchedulerPolicy,
+			HAMiCorePolicy:     args.HAMiCoreGPUSchedulerPolicy,
+			FragmentationAware: *args.FragmentationAware,
+			DefaultMemory:      device.Nvidia.DefaultMemory,
+		},
+		inventory:    newInventoryCache(),
+		reservations: newReservationCache(),
+	}
+	// Only the system namespace's Leases are watched: the node leases of kube-node-lease
+	// change every 10 s on every node and are none of our business.
+	informer := h.SharedInformerFactory().InformerFor(&coordinationv1.Lease{}, func(c clientset.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coordinationinformers.NewLeaseInformer(c, args.LeaseNamespace, resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	})
+	pl.leases = coordinationlisters.NewLeaseLister(informer.GetIndexer()).Leases(args.LeaseNamespace)
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: pl.onLeaseAdd, UpdateFunc: pl.onLeaseUpdate}); err != nil {
+		return nil, fmt.Errorf("%s: watching Leases: %w", Name, err)
+	}
+	return pl, nil
+}
+
+// decodeArgs accepts typed args, the raw args of a configuration file, or none.
+func decodeArgs(obj runtime.Object) (*config.DynamicMIGArgs, error) {
+	switch a := obj.(type) {
+	case nil:
+		return config.DecodeDynamicMIGArgs(nil)
+	case *config.DynamicMIGArgs:
+		args := a.DeepCopyObject().(*config.DynamicMIGArgs)
+		args.SetDefaults()
+		if err := args.Validate().ToAggregate(); err != nil {
+			return nil, fmt.Errorf("invalid %s args: %w", Name, err)
+		}
+		return args, nil
+	case *runtime.Unknown:
+		return config.DecodeDynamicMIGArgs(a.Raw)
+	default:
+		return nil, fmt.Errorf("%s: args of type %T, want DynamicMIGArgs", Name, obj)
+	}
+}
+
+// Name implements fwk.Plugin.
+func (pl *DynamicMIG) Name() string { return Name }
+
+// ScoreExtensions implements fwk.ScorePlugin.
+func (pl *DynamicMIG) ScoreExtensions() fwk.ScoreExtensions { return pl }
+
+// PreFilterExtensions implements fwk.PreFilterPlugin: occupancy is derived from the NodeInfo
+// each Filter call gets, so added or removed pods need no incremental state.
+func (pl *DynamicMIG) PreFilterExtensions() fwk.PreFilterExtensions { return nil }

@@ -1,0 +1,147 @@
+package dynamicmig
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+)
+
+// podRequest is a pod's GPU request, parsed once in PreFilter.
+type podRequest struct {
+	placement.Request
+	// NodePolicy orders nodes: binpack or spread.
+	NodePolicy string
+	// Devices counts the requested devices over all containers.
+	Devices int
+	// MaxMemoryMiB is the largest explicit per-device memory asked for.
+	MaxMemoryMiB int
+}
+
+// parsePod reads the pod's GPU request. It returns nil, nil for a pod that asks for no GPU.
+// Every error names the container (or annotation) and the value.
+func parsePod(pod *v1.Pod, names config.ResourceNames, defaultNodePolicy string) (*podRequest, error) {
+	req := &podRequest{NodePolicy: defaultNodePolicy}
+	var errs []error
+	containers := append(append([]v1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...)
+	for i := range containers {
+		c := &containers[i]
+		count, err := quantity(c, names.ResourceCountName)
+		errs = append(errs, err)
+		mem, err := quantity(c, names.ResourceMemoryName)
+		errs = append(errs, err)
+		pct, err := quantity(c, names.ResourceMemoryPercentageName)
+		errs = append(errs, err)
+		cores, err := quantity(c, names.ResourceCoreName)
+		errs = append(errs, err)
+		if count == 0 {
+			if mem > 0 || pct > 0 || cores > 0 {
+				errs = append(errs, fmt.Errorf("container %q asks for %s without %s: kubelet gives devices only through %s, add %s: 1",
+					c.Name, strings.Join(askedFor(names, mem, pct, cores), " and "), names.ResourceCountName, names.ResourceCountName, names.ResourceCountName))
+			}
+			continue
+		}
+		if pct > 100 {
+			errs = append(errs, fmt.Errorf("container %q: %s is %d; it is a percentage of one device, at most 100", c.Name, names.ResourceMemoryPercentageName, pct))
+		}
+		if cores > 100 {
+			errs = append(errs, fmt.Errorf("container %q: %s is %d; it is a percentage of one device, at most 100", c.Name, names.ResourceCoreName, cores))
+		}
+		req.Containers = append(req.Containers, placement.ContainerRequest{
+			Index: i, Devices: int(count), MemoryMiB: int(mem), MemoryPercent: int(pct), Cores: int(cores),
+		})
+		req.Devices += int(count)
+		req.MaxMemoryMiB = max(req.MaxMemoryMiB, int(mem))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if req.Devices == 0 {
+		return nil, nil
+	}
+	errs = append(errs, req.parseAnnotations(pod.Annotations)...)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+func (req *podRequest) parseAnnotations(a map[string]string) []error {
+	var errs []error
+	switch mode := a[api.VGPUModeAnnotation]; mode {
+	case "", api.ModeMIG, api.ModeHAMiCore:
+		req.Mode = mode
+	default:
+		errs = append(errs, fmt.Errorf("annotation %s is %q; want %q, %q or none (either)", api.VGPUModeAnnotation, mode, api.ModeMIG, api.ModeHAMiCore))
+	}
+	req.UseTypes = list(a[api.UseGPUTypeAnnotation])
+	req.NoUseTypes = list(a[api.NoUseGPUTypeAnnotation])
+	req.UseUUIDs = list(a[api.UseGPUUUIDAnnotation])
+	req.NoUseUUIDs = list(a[api.NoUseGPUUUIDAnnotation])
+	policy := func(key string, into *string) {
+		switch v := a[key]; v {
+		case "":
+		case api.PolicyBinpack, api.PolicySpread:
+			*into = v
+		default:
+			errs = append(errs, fmt.Errorf("annotation %s is %q; want %q or %q", key, v, api.PolicyBinpack, api.PolicySpread))
+		}
+	}
+	policy(api.NodeSchedulerPolicyAnnotation, &req.NodePolicy)
+	policy(api.GPUSchedulerPolicyAnnotation, &req.GPUPolicy)
+	return errs
+}
+
+// quantity reads an extended resource of a container: its limit, else its request. It must
+// be a non-negative whole number.
+func quantity(c *v1.Container, name string) (int64, error) {
+	q, ok := c.Resources.Limits[v1.ResourceName(name)]
+	if !ok {
+		q, ok = c.Resources.Requests[v1.ResourceName(name)]
+	}
+	if !ok {
+		return 0, nil
+	}
+	v, exact := asWhole(q)
+	if !exact || v < 0 {
+		return 0, fmt.Errorf("container %q: %s is %s; want a non-negative whole number", c.Name, name, q.String())
+	}
+	return v, nil
+}
+
+func asWhole(q resource.Quantity) (int64, bool) {
+	if q.MilliValue()%1000 != 0 {
+		return 0, false
+	}
+	return q.Value(), true
+}
+
+func askedFor(names config.ResourceNames, mem, pct, cores int64) []string {
+	var out []string
+	if mem > 0 {
+		out = append(out, names.ResourceMemoryName)
+	}
+	if pct > 0 {
+		out = append(out, names.ResourceMemoryPercentageName)
+	}
+	if cores > 0 {
+		out = append(out, names.ResourceCoreName)
+	}
+	return out
+}
+
+func list(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}

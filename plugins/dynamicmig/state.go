@@ -1,0 +1,60 @@
+package dynamicmig
+
+import (
+	"fmt"
+	"sync"
+
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+)
+
+// stateData is what PreFilter computes once per cycle, and what Filter found per node.
+type stateData struct {
+	req *podRequest
+
+	mu   sync.Mutex
+	fits map[string]*nodeFit
+}
+
+// nodeFit is a pod's fit on one node and the occupancy it was computed against.
+type nodeFit struct {
+	result *placement.Result
+	gpus   []placement.GPU
+}
+
+// Clone implements fwk.StateData; preemption's dry runs work on clones.
+func (s *stateData) Clone() fwk.StateData {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := &stateData{req: s.req, fits: make(map[string]*nodeFit, len(s.fits))}
+	for k, v := range s.fits {
+		c.fits[k] = v
+	}
+	return c
+}
+
+func (s *stateData) setFit(node string, f *nodeFit) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fits[node] = f
+}
+
+func (s *stateData) fit(node string) (*nodeFit, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f, ok := s.fits[node]
+	return f, ok
+}
+
+func readState(state fwk.CycleState) (*stateData, error) {
+	c, err := state.Read(stateKey)
+	if err != nil {
+		return nil, fmt.Errorf("reading %q from the cycle state: %w", stateKey, err)
+	}
+	s, ok := c.(*stateData)
+	if !ok {
+		return nil, fmt.Errorf("%+v is not a %s state", c, Name)
+	}
+	return s, nil
+}
