@@ -92,5 +92,5 @@ func (pl *DynamicMIG) onLeaseEvent(oldObj, newObj any) {
 	}
 }
 
-func (pl *DynamicMIG) onLeaseAdd(obj any)              { pl.onLeaseEvent(nil, obj) }
+func (pl *DynamicMIG) onLeaseAdd(obj any)               { pl.onLeaseEvent(nil, obj) }
 func (pl *DynamicMIG) onLeaseUpdate(oldObj, newObj any) { pl.onLeaseEvent(oldObj, newObj) }
