@@ -1,0 +1,183 @@
+// Package app builds the dynamig-scheduler command: kube-scheduler's own command with the
+// DynamicMIG plugin registered, a version flag and the plugin's metrics listener.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/runtime"
+	cliflag "k8s.io/component-base/cli/flag"
+	"k8s.io/component-base/term"
+	"k8s.io/component-base/version/verflag"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+	kubeapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
+
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/plugins/dynamicmig"
+)
+
+// Name is the command's name.
+const Name = "dynamig-scheduler"
+
+// metricsShutdownTimeout bounds how long the metrics listener waits for open scrapes.
+const metricsShutdownTimeout = 5 * time.Second
+
+// flags are dynamig's own flags, next to kube-scheduler's.
+type flags struct {
+	// metricsBindAddress is where the DynamicMIG metrics (dynamicmig.Registry) are served.
+	//
+	// It takes precedence over the plugin args' metricsBindAddress: kube-scheduler's
+	// app.Setup owns the parsing of the --config file and builds the plugins inside the
+	// scheduler, so cmd never sees the decoded args before it has to open the listener; and
+	// a process has one listener while a configuration may have several profiles, each with
+	// its own args. The plugin factory only warns when the args name another address.
+	metricsBindAddress string
+	printVersion       bool
+}
+
+func (f *flags) addTo(fss *cliflag.NamedFlagSets) {
+	fs := fss.FlagSet("dynamig")
+	fs.StringVar(&f.metricsBindAddress, "dynamig-metrics-bind-address", config.DefaultSchedulerMetricsAddress,
+		"host:port where the DynamicMIG plugin's Prometheus metrics are served at /metrics (plain HTTP); empty disables. "+
+			"Takes precedence over the DynamicMIG args' metricsBindAddress.")
+	fs.BoolVar(&f.printVersion, "dynamig-version", false, "Print the dynamig version and the Kubernetes version it is built on, and exit.")
+}
+
+// RegistryOptions are the out-of-tree plugins the command registers with kube-scheduler.
+func RegistryOptions() []kubeapp.Option {
+	return registryOptions(nil)
+}
+
+func registryOptions(f *flags) []kubeapp.Option {
+	return []kubeapp.Option{kubeapp.WithPlugin(dynamicmig.Name, newPlugin(f))}
+}
+
+// newPlugin is dynamicmig.New, warning when the args ask for a metrics address that the
+// command does not serve (see flags.metricsBindAddress).
+func newPlugin(f *flags) func(context.Context, runtime.Object, fwk.Handle, feature.Features) (fwk.Plugin, error) {
+	return func(ctx context.Context, obj runtime.Object, h fwk.Handle, fts feature.Features) (fwk.Plugin, error) {
+		pl, err := dynamicmig.New(ctx, obj, h, fts)
+		if err != nil || f == nil {
+			return pl, err
+		}
+		if raw, ok := obj.(*runtime.Unknown); ok {
+			if args, err := config.DecodeDynamicMIGArgs(raw.Raw); err == nil && args.MetricsBindAddress != f.metricsBindAddress {
+				klog.FromContext(ctx).Info("Warning: the DynamicMIG args' metricsBindAddress is ignored; --dynamig-metrics-bind-address decides where the metrics are served",
+					"profile", h.ProfileName(), "metricsBindAddress", args.MetricsBindAddress, "served", f.metricsBindAddress)
+			}
+		}
+		return pl, nil
+	}
+}
+
+// NewCommand returns kube-scheduler's command with DynamicMIG registered; version is
+// dynamig's version (set by the linker in main).
+func NewCommand(version string) *cobra.Command {
+	f := &flags{}
+	cmd := kubeapp.NewSchedulerCommand(registryOptions(f)...)
+	cmd.Use = Name
+	cmd.Short = "kube-scheduler with the DynamicMIG plugin: reserves exact GPUs, MIG profiles and placements"
+	cmd.Long = `dynamig-scheduler is kube-scheduler with all its default plugins plus DynamicMIG, which
+reserves, for each GPU a pod asks for, an exact GPU, MIG profile and placement, and hands the
+reservation to the node's dynamig-device-plugin on the Binding.
+Run it with --config manifests/scheduler-config.yaml; pods choose it with
+schedulerName: dynamig-scheduler. Every kube-scheduler flag works as upstream.`
+
+	fss := cliflag.NamedFlagSets{}
+	f.addTo(&fss)
+	for _, fs := range fss.FlagSets {
+		cmd.Flags().AddFlagSet(fs)
+	}
+	// kube-scheduler's help and usage print only its own flag sections; add dynamig's.
+	cols, _, _ := term.TerminalSize(cmd.OutOrStdout())
+	help, usage := cmd.HelpFunc(), cmd.UsageFunc()
+	cmd.SetHelpFunc(func(c *cobra.Command, args []string) {
+		help(c, args)
+		cliflag.PrintSections(c.OutOrStdout(), fss, cols)
+	})
+	cmd.SetUsageFunc(func(c *cobra.Command) error {
+		err := usage(c)
+		cliflag.PrintSections(c.OutOrStderr(), fss, cols)
+		return err
+	})
+
+	run := cmd.RunE
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if f.printVersion {
+			fmt.Fprintf(c.OutOrStdout(), "%s %s (Kubernetes %s)\n", Name, version, kubernetesVersion())
+			return nil
+		}
+		// --version exits here, before a listener is opened for nothing.
+		verflag.PrintAndExitIfRequested()
+		ctx, cancel := context.WithCancel(c.Context())
+		defer cancel()
+		logger := klog.FromContext(ctx)
+		logger.Info("Starting dynamig-scheduler", "version", version, "kubernetes", kubernetesVersion())
+		stopped, err := serveMetrics(ctx, f.metricsBindAddress)
+		if err != nil {
+			return err
+		}
+		err = run(c, args)
+		cancel()
+		<-stopped
+		return err
+	}
+	return cmd
+}
+
+// serveMetrics serves dynamicmig.Registry at /metrics on addr until ctx ends, then shuts the
+// server down gracefully and closes the returned channel. It opens the listener before
+// returning, so a taken port fails the command at once. An empty addr serves nothing.
+func serveMetrics(ctx context.Context, addr string) (<-chan struct{}, error) {
+	stopped := make(chan struct{})
+	if addr == "" {
+		close(stopped)
+		return stopped, nil
+	}
+	logger := klog.FromContext(ctx)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--dynamig-metrics-bind-address: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(dynamicmig.Registry, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	logger.Info("Serving DynamicMIG metrics", "address", ln.Addr().String(), "path", "/metrics")
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error(err, "DynamicMIG metrics server failed", "address", ln.Addr().String())
+		}
+	}()
+	go func() {
+		defer close(stopped)
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metricsShutdownTimeout)
+		defer cancel()
+		if err := srv.Shutdown(shutdownCtx); err != nil {
+			logger.Error(err, "Shutting down the DynamicMIG metrics server")
+		}
+	}()
+	return stopped, nil
+}
+
+// kubernetesVersion is the k8s.io/kubernetes module version the binary is built with.
+func kubernetesVersion() string {
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, dep := range info.Deps {
+			if dep.Path == "k8s.io/kubernetes" {
+				return dep.Version
+			}
+		}
+	}
+	return "unknown"
+}

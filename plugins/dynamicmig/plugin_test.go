@@ -1,0 +1,434 @@
+package dynamicmig
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/defaultbinder"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/queuesort"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
+	schedmetrics "k8s.io/kubernetes/pkg/scheduler/metrics"
+	tf "k8s.io/kubernetes/pkg/scheduler/testing/framework"
+	"k8s.io/utils/ptr"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/deviceplugin/inventory"
+	"github.com/dynamig/dynamig/nvml/sim"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+)
+
+func init() { schedmetrics.Register() }
+
+// env is one scheduler profile (queue sort, DynamicMIG at every point, DefaultBinder after
+// it) over a fake clientset whose Binding subresource writes the node and annotations into
+// the stored pod, as the API server does.
+type env struct {
+	t      *testing.T
+	ctx    context.Context
+	client *fake.Clientset
+	fw     framework.Framework
+	pl     *DynamicMIG
+	args   *config.DynamicMIGArgs
+	events *events.FakeRecorder
+
+	snapshot *swappableSnapshot
+	nodes    []*v1.Node
+
+	mu    sync.Mutex
+	binds int
+	// realise marks each bound pod realised, as the device plugin would, so the next
+	// Bind on the node may take the hand-off Lease over.
+	realise bool
+}
+
+
+// swappableSnapshot lets each test cycle see the cluster as it is now.
+type swappableSnapshot struct {
+	mu sync.Mutex
+	s  *cache.Snapshot
+}
+
+func (s *swappableSnapshot) set(snap *cache.Snapshot) { s.mu.Lock(); s.s = snap; s.mu.Unlock() }
+func (s *swappableSnapshot) get() *cache.Snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.s
+}
+func (s *swappableSnapshot) NodeInfos() fwk.NodeInfoLister       { return s.get().NodeInfos() }
+func (s *swappableSnapshot) StorageInfos() fwk.StorageInfoLister { return s.get().StorageInfos() }
+
+func newEnv(t *testing.T, args *config.DynamicMIGArgs, nodes []*v1.Node, objs ...runtime.Object) *env {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	if args == nil {
+		args = &config.DynamicMIGArgs{}
+	}
+	args.SetDefaults()
+	for _, n := range nodes {
+		objs = append(objs, n, heartbeat(n.Name, time.Now()))
+	}
+	e := &env{t: t, ctx: ctx, client: fake.NewClientset(objs...), args: args, events: events.NewFakeRecorder(1000),
+		realise: true, snapshot: &swappableSnapshot{s: cache.NewEmptySnapshot()}, nodes: nodes}
+	e.client.PrependReactor("create", "pods", e.bindReactor)
+	factory := informers.NewSharedInformerFactory(e.client, 0)
+	var pl *DynamicMIG
+	newPlugin := func(ctx context.Context, _ runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+		p, err := New(ctx, args, h, feature.Features{})
+		if err == nil {
+			pl = p.(*DynamicMIG)
+		}
+		return p, err
+	}
+	fw, err := tf.NewFramework(ctx, []tf.RegisterPluginFunc{
+		tf.RegisterQueueSortPlugin(queuesort.Name, queuesort.New),
+		tf.RegisterPluginAsExtensions(Name, newPlugin, "PreFilter", "Filter", "Score", "Reserve", "Bind"),
+		tf.RegisterBindPlugin(defaultbinder.Name, defaultbinder.New),
+	}, "dynamig-scheduler",
+		frameworkruntime.WithClientSet(e.client),
+		frameworkruntime.WithInformerFactory(factory),
+		frameworkruntime.WithEventRecorder(e.events),
+		frameworkruntime.WithSnapshotSharedLister(e.snapshot),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.fw, e.pl = fw, pl
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	return e
+}
+
+// bindReactor stores a Binding the way the API server does: node and annotations merged
+// into the pod. The fake clientset's own binding stores nothing.
+func (e *env) bindReactor(action clienttesting.Action) (bool, runtime.Object, error) {
+	create, ok := action.(clienttesting.CreateAction)
+	if !ok || action.GetSubresource() != "binding" {
+		return false, nil, nil
+	}
+	b := create.GetObject().(*v1.Binding)
+	obj, err := e.client.Tracker().Get(v1.SchemeGroupVersion.WithResource("pods"), b.Namespace, b.Name)
+	if err != nil {
+		return true, nil, err
+	}
+	pod := obj.(*v1.Pod).DeepCopy()
+	if pod.Spec.NodeName != "" {
+		return true, nil, fmt.Errorf("pod %s/%s is already bound to %s", pod.Namespace, pod.Name, pod.Spec.NodeName)
+	}
+	pod.Spec.NodeName = b.Target.Name
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	for k, v := range b.Annotations {
+		pod.Annotations[k] = v
+	}
+	e.mu.Lock()
+	e.binds++
+	if e.realise {
+		pod.Annotations[api.BindPhaseAnnotation] = api.BindPhaseSuccess
+	}
+	e.mu.Unlock()
+	return true, b, e.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), pod, pod.Namespace)
+}
+
+// pods lists the stored pods.
+func (e *env) pods() []*v1.Pod {
+	list, err := e.client.CoreV1().Pods("").List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := make([]*v1.Pod, len(list.Items))
+	for i := range list.Items {
+		out[i] = &list.Items[i]
+	}
+	return out
+}
+
+func (e *env) pod(name string) *v1.Pod {
+	p, err := e.client.CoreV1().Pods("default").Get(e.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+// cycle runs one scheduling cycle for the pod as the scheduler does, up to Reserve, on a
+// snapshot of the stored bound pods plus the assumed ones. It returns the chosen node, or
+// "" and the statuses of the nodes.
+func (e *env) cycle(pod *v1.Pod, assumed ...*v1.Pod) (fwk.CycleState, string, map[string]*fwk.Status) {
+	e.t.Helper()
+	var bound []*v1.Pod
+	for _, p := range append(e.pods(), assumed...) {
+		if p.Spec.NodeName != "" {
+			bound = append(bound, p)
+		}
+	}
+	e.snapshot.set(cache.NewSnapshot(bound, e.nodes))
+	state := framework.NewCycleState()
+	if _, st, _ := e.fw.RunPreFilterPlugins(e.ctx, state, pod); !st.IsSuccess() {
+		return state, "", map[string]*fwk.Status{"": st}
+	}
+	infos, _ := e.snapshot.NodeInfos().List()
+	var feasible []fwk.NodeInfo
+	statuses := map[string]*fwk.Status{}
+	for _, ni := range infos {
+		if st := e.fw.RunFilterPlugins(e.ctx, state, pod, ni); st.IsSuccess() {
+			feasible = append(feasible, ni)
+		} else {
+			statuses[ni.Node().Name] = st
+		}
+	}
+	if len(feasible) == 0 {
+		return state, "", statuses
+	}
+	scores, st := e.fw.RunScorePlugins(e.ctx, state, pod, feasible)
+	if !st.IsSuccess() {
+		e.t.Fatalf("score: %v", st)
+	}
+	best := slices.MaxFunc(scores, func(a, b fwk.NodePluginScores) int { return int(a.TotalScore - b.TotalScore) })
+	if st := e.fw.RunReservePluginsReserve(e.ctx, state, pod, best.Name); !st.IsSuccess() {
+		e.t.Fatalf("reserve: %v", st)
+	}
+	return state, best.Name, statuses
+}
+
+// schedule creates the pod and runs a cycle and the binding; it returns the bound pod, or
+// nil and the node statuses.
+func (e *env) schedule(pod *v1.Pod) (*v1.Pod, map[string]*fwk.Status) {
+	e.t.Helper()
+	if _, err := e.client.CoreV1().Pods(pod.Namespace).Create(e.ctx, pod, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	state, node, statuses := e.cycle(pod)
+	if node == "" {
+		return nil, statuses
+	}
+	if st := e.fw.RunBindPlugins(e.ctx, state, pod, node); !st.IsSuccess() {
+		e.t.Fatalf("bind: %v", st)
+	}
+	return e.pod(pod.Name), nil
+}
+
+func (e *env) mustSchedule(pod *v1.Pod) []api.MigReservation {
+	e.t.Helper()
+	bound, statuses := e.schedule(pod)
+	if bound == nil {
+		e.t.Fatalf("pod %s unschedulable: %s", pod.Name, reasons(statuses))
+	}
+	recs, err := api.DecodeMigReservations(bound.Annotations[api.MigReservationsAnnotation])
+	if err != nil {
+		e.t.Fatalf("pod %s: %v", pod.Name, err)
+	}
+	return recs
+}
+
+// gpuNode publishes simulated GPUs through the device plugin's inventory code.
+func gpuNode(t *testing.T, name, mode string, models ...string) *v1.Node {
+	t.Helper()
+	cfg, err := config.ParseDeviceConfig([]byte(fmt.Sprintf("nodeconfig:\n- name: %s\n  operatingmode: %s\n", name, mode)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var specs []sim.GPUSpec
+	for _, m := range models {
+		specs = append(specs, sim.GPUSpec{Model: m})
+	}
+	s, err := sim.New(sim.Options{Seed: name}, specs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Init(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := inventory.Discover(context.Background(), s, cfg, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := api.EncodeInventory(res.GPUs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{api.NodeInventoryAnnotation: raw}},
+		Status: v1.NodeStatus{Allocatable: v1.ResourceList{
+			v1.ResourceCPU: resource.MustParse("32"), v1.ResourceMemory: resource.MustParse("256Gi"), v1.ResourcePods: resource.MustParse("110"),
+		}},
+	}
+}
+
+func heartbeat(node string, renewed time.Time) *coordinationv1.Lease {
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: api.HeartbeatLeaseName(node), Namespace: api.DefaultSystemNamespace},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To[int32](40), RenewTime: &metav1.MicroTime{Time: renewed}},
+	}
+}
+
+var podSeq int
+
+// gpuPod is a pod whose containers ask for {devices, MiB per device}, in mode.
+func gpuPod(name, mode string, containers ...[2]int) *v1.Pod {
+	podSeq++
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(fmt.Sprintf("uid-%s-%d", name, podSeq)), Annotations: map[string]string{}},
+		Spec: v1.PodSpec{SchedulerName: "dynamig-scheduler"}}
+	if mode != "" {
+		p.Annotations[api.VGPUModeAnnotation] = mode
+	}
+	for i, c := range containers {
+		limits := v1.ResourceList{api.ResourceCount: *resource.NewQuantity(int64(c[0]), resource.DecimalSI)}
+		if c[1] > 0 {
+			limits[api.ResourceMemory] = *resource.NewQuantity(int64(c[1]), resource.DecimalSI)
+		}
+		p.Spec.Containers = append(p.Spec.Containers, v1.Container{Name: fmt.Sprintf("c%d", i), Image: "busybox", Resources: v1.ResourceRequirements{Limits: limits}})
+	}
+	return p
+}
+
+func placements(recs []api.MigReservation) []string {
+	var out []string
+	for _, r := range recs {
+		out = append(out, r.Profile+r.Placement.String())
+	}
+	return out
+}
+
+func reasons(statuses map[string]*fwk.Status) string {
+	var out []string
+	for n, st := range statuses {
+		out = append(out, n+": "+strings.Join(st.Reasons(), "; "))
+	}
+	slices.Sort(out)
+	return strings.Join(out, " | ")
+}
+
+func TestSeedExample(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "mig-node", api.ModeMIG, "NVIDIA A100-PCIE-40GB")})
+	recs := e.mustSchedule(gpuPod("gpu-pod1", api.ModeMIG, [2]int{2, 8000}))
+	if got := placements(recs); !slices.Equal(got, []string{"2g.10gb[0,2)", "2g.10gb[2,4)"}) {
+		t.Errorf("gpu-pod1: %v", got)
+	}
+	recs = e.mustSchedule(gpuPod("mig-workload", api.ModeMIG, [2]int{1, 8000}))
+	if got := placements(recs); !slices.Equal(got, []string{"2g.10gb[4,6)"}) {
+		t.Errorf("mig-workload: %v", got)
+	}
+	p := e.pod("gpu-pod1")
+	if p.Spec.NodeName != "mig-node" || p.Annotations[api.AssignedNodeAnnotation] != "mig-node" || p.Annotations[api.BindTimeAnnotation] == "" {
+		t.Errorf("binding annotations: %v", p.Annotations)
+	}
+	lease, err := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Get(e.ctx, api.HandoffLeaseName("mig-node"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := e.pod("mig-workload")
+	if *lease.Spec.HolderIdentity != holderIdentity(last) ||
+		lease.Annotations[api.ReservationDigestAnnotation] != api.ReservationDigest(last.Annotations[api.MigReservationsAnnotation]) {
+		t.Errorf("hand-off Lease: %+v", lease)
+	}
+	// Two writes per GPU pod: the Lease and the Binding.
+	writes := 0
+	for _, a := range e.client.Actions() {
+		if a.GetVerb() != "create" && a.GetVerb() != "update" && a.GetVerb() != "patch" {
+			continue
+		}
+		if a.GetResource().Resource == "pods" && a.GetSubresource() == "" {
+			continue // the test's own pod creations
+		}
+		writes++
+	}
+	if writes != 4 {
+		t.Errorf("writes for two GPU pods: %d, want 4 (a Lease and a Binding each)", writes)
+	}
+	var reserved []string
+	for len(e.events.Events) > 0 {
+		ev := <-e.events.Events
+		if strings.Contains(ev, "Reserved") || strings.Contains(ev, "MultipleMIGDevices") {
+			reserved = append(reserved, ev)
+		}
+	}
+	if len(reserved) != 3 || !strings.Contains(strings.Join(reserved, "\n"), "placement [2,4)") {
+		t.Errorf("events: %q", reserved)
+	}
+}
+
+func TestSmallestProfileAcrossModels(t *testing.T) {
+	for _, tc := range []struct {
+		model   string
+		memory  int
+		profile string
+	}{
+		{"A30", 5000, "1g.6gb"},
+		{"A100-80GB", 8000, "1g.10gb"},
+		{"H100-80GB", 12000, "2g.20gb"},
+		{"NVIDIA H200", 8000, "1g.18gb"},
+		{"B200", 30000, "2g.45gb"},
+		{"RTX PRO 6000 Blackwell Server Edition", 30000, "2g.48gb"},
+		{"A100-40GB", 0, "7g.40gb"}, // no memory asked: the whole GPU
+	} {
+		t.Run(tc.model, func(t *testing.T) {
+			e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, tc.model)})
+			recs := e.mustSchedule(gpuPod("p", api.ModeMIG, [2]int{1, tc.memory}))
+			if recs[0].Profile != tc.profile {
+				t.Errorf("%d MiB on %s: %s, want %s", tc.memory, tc.model, recs[0].Profile, tc.profile)
+			}
+		})
+	}
+}
+
+func TestExhaustionThenReuse(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
+	e.mustSchedule(gpuPod("a", api.ModeMIG, [2]int{1, 19000}))
+	e.mustSchedule(gpuPod("b", api.ModeMIG, [2]int{1, 19000}))
+	pending, statuses := e.schedule(gpuPod("c", api.ModeMIG, [2]int{1, 4000}))
+	if pending != nil {
+		t.Fatalf("c fit on a full GPU")
+	}
+	if got := reasons(statuses); !strings.Contains(got, string(placement.ReasonPlacementsTaken)) {
+		t.Fatalf("reasons: %s", got)
+	}
+	if statuses["n"].Code() != fwk.Unschedulable {
+		t.Errorf("a full GPU is resolvable by deletion: %v", statuses["n"].Code())
+	}
+	// Deleting b frees its placement, the deletion requeues c, and c lands there.
+	freed := e.pod("b")
+	freedRecs, _ := api.DecodeMigReservations(freed.Annotations[api.MigReservationsAnnotation])
+	if err := e.client.CoreV1().Pods("default").Delete(e.ctx, "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if hint, _ := e.pl.isSchedulableAfterPodDelete(klog.Background(), e.pod("c"), freed, nil); hint != fwk.Queue {
+		t.Errorf("deleting a GPU pod must requeue")
+	}
+	c := e.pod("c")
+	state, node, _ := e.cycle(c)
+	if node != "n" {
+		t.Fatal("c still does not fit")
+	}
+	if st := e.fw.RunBindPlugins(e.ctx, state, c, node); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	recs, _ := api.DecodeMigReservations(e.pod("c").Annotations[api.MigReservationsAnnotation])
+	if got, in := recs[0].Placement, freedRecs[0].Placement; got.Start < in.Start || got.End() > in.End() {
+		t.Errorf("c should reuse b's freed %v: got %v", in, got)
+	}
+}
