@@ -9,7 +9,7 @@ BIN := bin
 # How long each fuzz target runs in `make test`.
 FUZZTIME ?= 5s
 # Packages with concurrency run under the race detector.
-RACE_PKGS := ./nvml/...
+RACE_PKGS := ./nvml/... ./plugins/...
 # package:FuzzTarget pairs, one decoder of external input each.
 FUZZ_TARGETS := \
 	./api:FuzzDecodeInventory \
@@ -22,8 +22,10 @@ FUZZ_TARGETS := \
 
 all: build
 
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./cmd/...
 
 test: lint unit race fuzz
 
@@ -43,8 +45,8 @@ fuzz:
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	@# api, config and nvml must not link k8s.io/kubernetes (DESIGN.md).
-	@for p in ./api/... ./config/... ./nvml/...; do \
+	@# api, config, nvml and the allocator must not link k8s.io/kubernetes (DESIGN.md).
+	@for p in ./api/... ./config/... ./nvml/... ./plugins/dynamicmig/placement/...; do \
 		if $(GO) list -deps -test $$p | grep -q '^k8s.io/kubernetes/'; then echo "$$p links k8s.io/kubernetes"; exit 1; fi; \
 	done
 

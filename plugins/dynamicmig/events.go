@@ -47,9 +47,7 @@ func (pl *DynamicMIG) isSchedulableAfterPodDelete(logger klog.Logger, pod *v1.Po
 	if deleted.Spec.NodeName == "" {
 		return fwk.QueueSkip, nil
 	}
-	_, mig := deleted.Annotations[api.MigReservationsAnnotation]
-	_, core := deleted.Annotations[api.DevicesAllocatedAnnotation]
-	if _, inflight := pl.reservations.get(deleted.UID); !mig && !core && !inflight {
+	if _, inflight := pl.reservations.get(deleted.UID); !hasReservation(deleted) && !inflight {
 		return fwk.QueueSkip, nil
 	}
 	logger.V(5).Info("GPU pod deleted", "pod", klog.KObj(pod), "deleted", klog.KObj(deleted))

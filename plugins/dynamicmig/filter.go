@@ -142,6 +142,9 @@ func (pl *DynamicMIG) addOccupancy(gpus []placement.GPU, byUUID map[string]int, 
 		}
 		return nil
 	}
+	if _, ok := pl.reservations.get(p.UID); ok {
+		pl.reservations.remove(p.UID) // the annotation now speaks for it
+	}
 	if hasMIG {
 		recs, err := pl.reservations.decode(raw)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	coordinationinformers "k8s.io/client-go/informers/coordination/v1"
 	clientset "k8s.io/client-go/kubernetes"
@@ -19,6 +20,7 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
 
+	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
@@ -32,6 +34,7 @@ const stateKey fwk.StateKey = Name
 var (
 	_ fwk.PreFilterPlugin   = &DynamicMIG{}
 	_ fwk.FilterPlugin      = &DynamicMIG{}
+	_ fwk.PreScorePlugin    = &DynamicMIG{}
 	_ fwk.ScorePlugin       = &DynamicMIG{}
 	_ fwk.ScoreExtensions   = &DynamicMIG{}
 	_ fwk.ReservePlugin     = &DynamicMIG{}
@@ -97,7 +100,30 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: pl.onLeaseAdd, UpdateFunc: pl.onLeaseUpdate}); err != nil {
 		return nil, fmt.Errorf("%s: watching Leases: %w", Name, err)
 	}
+	// Drop in-flight reservations of deleted pods. Bound pods' entries are dropped when a
+	// NodeInfo shows the pod with its annotation (addOccupancy): dropping them on the
+	// informer's update could race the scheduler cache, which may still hold the assumed pod.
+	if _, err := h.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(obj any) {
+			if p, ok := obj.(*v1.Pod); ok {
+				pl.reservations.remove(p.UID)
+			} else if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				if p, ok := tomb.Obj.(*v1.Pod); ok {
+					pl.reservations.remove(p.UID)
+				}
+			}
+		},
+	}); err != nil {
+		return nil, fmt.Errorf("%s: watching pods: %w", Name, err)
+	}
 	return pl, nil
+}
+
+// hasReservation reports whether the pod carries a reservation of either pool.
+func hasReservation(p *v1.Pod) bool {
+	_, mig := p.Annotations[api.MigReservationsAnnotation]
+	_, core := p.Annotations[api.DevicesAllocatedAnnotation]
+	return mig || core
 }
 
 // decodeArgs accepts typed args, the raw args of a configuration file, or none.

@@ -53,8 +53,9 @@ type env struct {
 	args   *config.DynamicMIGArgs
 	events *events.FakeRecorder
 
-	snapshot *swappableSnapshot
-	nodes    []*v1.Node
+	snapshot  *swappableSnapshot
+	nodes     []*v1.Node
+	activator *recordingActivator
 
 	mu    sync.Mutex
 	binds int
@@ -92,7 +93,7 @@ func newEnv(t *testing.T, args *config.DynamicMIGArgs, nodes []*v1.Node, objs ..
 		objs = append(objs, n, heartbeat(n.Name, time.Now()))
 	}
 	e := &env{t: t, ctx: ctx, client: fake.NewClientset(objs...), args: args, events: events.NewFakeRecorder(1000),
-		realise: true, snapshot: &swappableSnapshot{s: cache.NewEmptySnapshot()}, nodes: nodes}
+		realise: true, snapshot: &swappableSnapshot{s: cache.NewEmptySnapshot()}, nodes: nodes, activator: &recordingActivator{}}
 	e.client.PrependReactor("create", "pods", e.bindReactor)
 	factory := informers.NewSharedInformerFactory(e.client, 0)
 	var pl *DynamicMIG
@@ -105,13 +106,14 @@ func newEnv(t *testing.T, args *config.DynamicMIGArgs, nodes []*v1.Node, objs ..
 	}
 	fw, err := tf.NewFramework(ctx, []tf.RegisterPluginFunc{
 		tf.RegisterQueueSortPlugin(queuesort.Name, queuesort.New),
-		tf.RegisterPluginAsExtensions(Name, newPlugin, "PreFilter", "Filter", "Score", "Reserve", "Bind"),
+		tf.RegisterPluginAsExtensions(Name, newPlugin, "PreFilter", "Filter", "PreScore", "Score", "Reserve", "Bind"),
 		tf.RegisterBindPlugin(defaultbinder.Name, defaultbinder.New),
 	}, "dynamig-scheduler",
 		frameworkruntime.WithClientSet(e.client),
 		frameworkruntime.WithInformerFactory(factory),
 		frameworkruntime.WithEventRecorder(e.events),
 		frameworkruntime.WithSnapshotSharedLister(e.snapshot),
+		frameworkruntime.WithPodActivator(e.activator),
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -180,9 +182,13 @@ func (e *env) pod(name string) *v1.Pod {
 // "" and the statuses of the nodes.
 func (e *env) cycle(pod *v1.Pod, assumed ...*v1.Pod) (fwk.CycleState, string, map[string]*fwk.Status) {
 	e.t.Helper()
+	// The scheduler's cache holds each pod once: the stored pod once its Binding is seen,
+	// the assumed one before.
 	var bound []*v1.Pod
+	seen := map[types.UID]bool{}
 	for _, p := range append(e.pods(), assumed...) {
-		if p.Spec.NodeName != "" {
+		if p.Spec.NodeName != "" && !seen[p.UID] {
+			seen[p.UID] = true
 			bound = append(bound, p)
 		}
 	}
@@ -203,6 +209,9 @@ func (e *env) cycle(pod *v1.Pod, assumed ...*v1.Pod) (fwk.CycleState, string, ma
 	}
 	if len(feasible) == 0 {
 		return state, "", statuses
+	}
+	if st := e.fw.RunPreScorePlugins(e.ctx, state, pod, feasible); !st.IsSuccess() {
+		e.t.Fatalf("prescore: %v", st)
 	}
 	scores, st := e.fw.RunScorePlugins(e.ctx, state, pod, feasible)
 	if !st.IsSuccess() {
@@ -431,4 +440,40 @@ func TestExhaustionThenReuse(t *testing.T) {
 	if got, in := recs[0].Placement, freedRecs[0].Placement; got.Start < in.Start || got.End() > in.End() {
 		t.Errorf("c should reuse b's freed %v: got %v", in, got)
 	}
+}
+
+// runtimeObject lets tests collect objects for newEnv.
+type runtimeObject = runtime.Object
+
+// recordingActivator records the pods the plugin activates.
+type recordingActivator struct {
+	mu        sync.Mutex
+	activated map[string]bool
+}
+
+func (a *recordingActivator) Activate(_ klog.Logger, pods map[string]*v1.Pod) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.activated == nil {
+		a.activated = map[string]bool{}
+	}
+	for k := range pods {
+		a.activated[k] = true
+	}
+}
+
+// waitFor runs trigger and reports whether key gets activated within a few seconds.
+func (a *recordingActivator) waitFor(t *testing.T, key string, trigger func()) bool {
+	trigger()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		a.mu.Lock()
+		ok := a.activated[key]
+		a.mu.Unlock()
+		if ok {
+			return true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return false
 }

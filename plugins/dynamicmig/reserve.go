@@ -21,7 +21,7 @@ func errNoFit(node string) error {
 func (pl *DynamicMIG) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	s, err := readState(state)
 	if err != nil {
-		return fwk.AsStatus(err)
+		return nil // no GPU request: PreFilter skipped the pod
 	}
 	f, ok := s.fit(nodeName)
 	if !ok {

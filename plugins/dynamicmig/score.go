@@ -19,6 +19,14 @@ const (
 	fragmentationWeight = 10
 )
 
+// PreScore skips Score for pods without GPU requests (PreFilter skipped them, so no state).
+func (pl *DynamicMIG) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
+	if _, err := readState(state); err != nil {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	return nil
+}
+
 // Score ranks a node by the node policy over its GPUs after placement (binpack: fuller is
 // better; spread: emptier), its CPU and memory likewise, and the fragmentation cost of the
 // chosen placements.

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/component-base/term"
 	"k8s.io/component-base/version/verflag"
@@ -21,6 +22,7 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 	kubeapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/plugins/dynamicmig"
@@ -59,12 +61,18 @@ func RegistryOptions() []kubeapp.Option {
 }
 
 func registryOptions(f *flags) []kubeapp.Option {
-	return []kubeapp.Option{kubeapp.WithPlugin(dynamicmig.Name, newPlugin(f))}
+	// dynamicmig.New takes the scheduler's feature gates, as in-tree plugins do; the
+	// registry wants a plain PluginFactory. The Option runs inside app.Setup, after the
+	// command line (--feature-gates) is parsed, so the gates read here are the final ones.
+	return []kubeapp.Option{func(r frameworkruntime.Registry) error {
+		fts := feature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate)
+		return r.Register(dynamicmig.Name, frameworkruntime.FactoryAdapter(fts, newPlugin(f)))
+	}}
 }
 
 // newPlugin is dynamicmig.New, warning when the args ask for a metrics address that the
 // command does not serve (see flags.metricsBindAddress).
-func newPlugin(f *flags) func(context.Context, runtime.Object, fwk.Handle, feature.Features) (fwk.Plugin, error) {
+func newPlugin(f *flags) frameworkruntime.PluginFactoryWithFts[fwk.Plugin] {
 	return func(ctx context.Context, obj runtime.Object, h fwk.Handle, fts feature.Features) (fwk.Plugin, error) {
 		pl, err := dynamicmig.New(ctx, obj, h, fts)
 		if err != nil || f == nil {
@@ -93,6 +101,9 @@ reservation to the node's dynamig-device-plugin on the Binding.
 Run it with --config manifests/scheduler-config.yaml; pods choose it with
 schedulerName: dynamig-scheduler. Every kube-scheduler flag works as upstream.`
 
+	if h := cmd.Flags().Lookup("help"); h != nil {
+		h.Usage = "help for " + Name
+	}
 	fss := cliflag.NamedFlagSets{}
 	f.addTo(&fss)
 	for _, fs := range fss.FlagSets {
@@ -123,7 +134,7 @@ schedulerName: dynamig-scheduler. Every kube-scheduler flag works as upstream.`
 		defer cancel()
 		logger := klog.FromContext(ctx)
 		logger.Info("Starting dynamig-scheduler", "version", version, "kubernetes", kubernetesVersion())
-		stopped, err := serveMetrics(ctx, f.metricsBindAddress)
+		_, stopped, err := serveMetrics(ctx, f.metricsBindAddress)
 		if err != nil {
 			return err
 		}
@@ -137,17 +148,18 @@ schedulerName: dynamig-scheduler. Every kube-scheduler flag works as upstream.`
 
 // serveMetrics serves dynamicmig.Registry at /metrics on addr until ctx ends, then shuts the
 // server down gracefully and closes the returned channel. It opens the listener before
-// returning, so a taken port fails the command at once. An empty addr serves nothing.
-func serveMetrics(ctx context.Context, addr string) (<-chan struct{}, error) {
+// returning, so a taken port fails the command at once, and returns its address. An empty
+// addr serves nothing (and returns a nil address).
+func serveMetrics(ctx context.Context, addr string) (net.Addr, <-chan struct{}, error) {
 	stopped := make(chan struct{})
 	if addr == "" {
 		close(stopped)
-		return stopped, nil
+		return nil, stopped, nil
 	}
 	logger := klog.FromContext(ctx)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--dynamig-metrics-bind-address: %w", err)
+		return nil, nil, fmt.Errorf("--dynamig-metrics-bind-address: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(dynamicmig.Registry, promhttp.HandlerOpts{}))
@@ -167,7 +179,7 @@ func serveMetrics(ctx context.Context, addr string) (<-chan struct{}, error) {
 			logger.Error(err, "Shutting down the DynamicMIG metrics server")
 		}
 	}()
-	return stopped, nil
+	return ln.Addr(), stopped, nil
 }
 
 // kubernetesVersion is the k8s.io/kubernetes module version the binary is built with.

@@ -1,0 +1,351 @@
+package dynamicmig
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+)
+
+// withAllowlist writes a device config allowing profiles on A100-40GB and returns args
+// that use it.
+func withAllowlist(t *testing.T, profiles string) *config.DynamicMIGArgs {
+	path := filepath.Join(t.TempDir(), "device-config.yaml")
+	doc := "nvidia:\n  migProfileAllowlist:\n  - models: [A100-40GB]\n    profiles: [" + profiles + "]\n"
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &config.DynamicMIGArgs{DeviceConfigFile: path}
+}
+
+// restrictInventory keeps only the named profiles in a node's inventory, as a device plugin
+// with that allowlist would publish.
+func restrictInventory(t *testing.T, n *v1.Node, keep ...string) *v1.Node {
+	gpus, err := api.DecodeInventory(n.Annotations[api.NodeInventoryAnnotation])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range gpus {
+		gpus[i].MigProfiles = slices.DeleteFunc(gpus[i].MigProfiles, func(p api.MigProfile) bool { return !slices.Contains(keep, p.Name) })
+	}
+	raw, _ := api.EncodeInventory(gpus)
+	n.Annotations[api.NodeInventoryAnnotation] = raw
+	return n
+}
+
+func TestFragmentationCase(t *testing.T) {
+	node := restrictInventory(t, gpuNode(t, "n", api.ModeMIG, "A100-40GB"), "1g.5gb", "2g.10gb", "3g.20gb")
+	e := newEnv(t, withAllowlist(t, "1g.5gb, 2g.10gb, 3g.20gb"), []*v1.Node{node})
+	var got []string
+	for i, mem := range []int{4000, 4000, 9000, 19000} {
+		got = append(got, placements(e.mustSchedule(gpuPod("p"+string(rune('0'+i)), api.ModeMIG, [2]int{1, mem})))...)
+	}
+	t.Logf("placed %v", got)
+	if len(got) != 4 {
+		t.Errorf("all four must fit: %v", got)
+	}
+}
+
+func TestInvalidRequests(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
+	memOnly := gpuPod("mem-only", api.ModeMIG, [2]int{1, 1000})
+	delete(memOnly.Spec.Containers[0].Resources.Limits, api.ResourceCount)
+	badMode := gpuPod("bad-mode", "vgpu", [2]int{1, 1000})
+	tooBig := gpuPod("too-big", api.ModeMIG, [2]int{1, 500000})
+	fractional := gpuPod("fractional", api.ModeMIG, [2]int{1, 1000})
+	fractional.Spec.Containers[0].Resources.Limits[api.ResourceCores] = resource.MustParse("0.5")
+	for _, tc := range []struct {
+		pod  *v1.Pod
+		want string
+	}{
+		{memOnly, `container "c0" asks for nvidia.com/gpumem without nvidia.com/gpu`},
+		{badMode, `nvidia.com/vgpu-mode is "vgpu"`},
+		{tooBig, "500000 MiB per GPU device"},
+		{fractional, `container "c0": nvidia.com/gpucores is 500m`},
+	} {
+		_, statuses := e.schedule(tc.pod)
+		st := statuses[""]
+		if st == nil || st.Code() != fwk.UnschedulableAndUnresolvable || !strings.Contains(st.Message(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.pod.Name, st, tc.want)
+		}
+	}
+}
+
+func TestPreemptionDryRun(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
+	e.mustSchedule(gpuPod("victim", api.ModeMIG, [2]int{1, 40000}))
+	preemptor := gpuPod("preemptor", api.ModeMIG, [2]int{1, 19000})
+	state, node, statuses := e.cycle(preemptor)
+	if node != "" || statuses["n"].Code() != fwk.Unschedulable {
+		t.Fatalf("the full GPU must refuse, resolvably: %v", statuses)
+	}
+	// Preemption filters a copy of the node without the victim: it must fit there.
+	ni, _ := e.snapshot.NodeInfos().Get("n")
+	dry := ni.Snapshot()
+	victim := e.pod("victim")
+	if err := dry.RemovePod(klog.Background(), victim); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.fw.RunFilterPlugins(e.ctx, state, preemptor, dry); !st.IsSuccess() {
+		t.Errorf("without the victim the preemptor must fit: %v", st)
+	}
+	if st := e.fw.RunFilterPlugins(e.ctx, state, preemptor, ni); st.IsSuccess() {
+		t.Errorf("the real node must still refuse")
+	}
+}
+
+func TestSchedulerRestartSeesReservations(t *testing.T) {
+	node := gpuNode(t, "n", api.ModeMIG, "A100-40GB")
+	first := newEnv(t, nil, []*v1.Node{node})
+	before := first.mustSchedule(gpuPod("a", api.ModeMIG, [2]int{2, 9000}))
+	// A new scheduler process: same cluster objects, a fresh plugin with an empty cache.
+	var objs []runtimeObject
+	for _, p := range first.pods() {
+		objs = append(objs, p)
+	}
+	second := newEnv(t, nil, []*v1.Node{node}, objs...)
+	after := second.mustSchedule(gpuPod("b", api.ModeMIG, [2]int{2, 4000}))
+	if len(after) != 2 {
+		t.Fatalf("b: %v", after)
+	}
+	for _, a := range before {
+		for _, b := range after {
+			if a.GPUUUID == b.GPUUUID && a.Placement.Overlaps(b.Placement) {
+				t.Errorf("double booking after restart: %v and %v", a, b)
+			}
+		}
+	}
+}
+
+func TestUnreserveRollsBack(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
+	a := gpuPod("a", api.ModeMIG, [2]int{1, 40000})
+	state, node, _ := e.cycle(a)
+	if node != "n" {
+		t.Fatal("a does not fit")
+	}
+	assumed := a.DeepCopy()
+	assumed.Spec.NodeName = node
+	// While a is reserved, the GPU is full for b.
+	if _, node, _ := e.cycle(gpuPod("b", api.ModeMIG, [2]int{1, 4000}), assumed); node != "" {
+		t.Fatalf("b fit beside a's reservation")
+	}
+	e.fw.RunReservePluginsUnreserve(e.ctx, state, a, "n")
+	if e.pl.reservations.inflightCount() != 0 {
+		t.Fatalf("Unreserve left the reservation")
+	}
+	if _, node, _ := e.cycle(gpuPod("b", api.ModeMIG, [2]int{1, 4000})); node != "n" {
+		t.Errorf("after Unreserve b must fit")
+	}
+}
+
+func TestConcurrentBindsNeverOverlap(t *testing.T) {
+	var nodes []*v1.Node
+	for _, name := range []string{"n1", "n2", "n3"} {
+		nodes = append(nodes, gpuNode(t, name, api.ModeMIG, "A100-40GB", "A100-40GB"))
+	}
+	e := newEnv(t, nil, nodes)
+	var assumed []*v1.Pod
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	const pods = 24 // twelve 1g.5gb and twelve 2g.10gb: they fit the six GPUs exactly
+	for i := 0; i < pods; i++ {
+		pod := gpuPod("p"+strings.Repeat("x", i), api.ModeMIG, [2]int{1, 4000 + 5000*(i%2)})
+		if _, err := e.client.CoreV1().Pods("default").Create(e.ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		state, node, statuses := e.cycle(pod, assumed...)
+		if node == "" {
+			t.Logf("pod %d unschedulable: %s", i, reasons(statuses))
+			continue
+		}
+		a := pod.DeepCopy()
+		a.Spec.NodeName = node
+		assumed = append(assumed, a)
+		wg.Add(1)
+		go func() { // binding cycles run concurrently, as in the scheduler
+			defer wg.Done()
+			if st := e.fw.RunBindPlugins(e.ctx, state, pod, node); !st.IsSuccess() {
+				errs <- st.AsError()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	seen := map[string][]api.Placement{}
+	bound := 0
+	for _, p := range e.pods() {
+		if p.Spec.NodeName == "" {
+			continue
+		}
+		bound++
+		recs, err := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			for _, o := range seen[r.GPUUUID] {
+				if o.Overlaps(r.Placement) {
+					t.Errorf("overlap on %s: %v and %v", r.GPUUUID, o, r.Placement)
+				}
+			}
+			seen[r.GPUUUID] = append(seen[r.GPUUUID], r.Placement)
+		}
+	}
+	if bound != len(assumed) || bound != pods {
+		t.Errorf("bound %d of %d reserved", bound, len(assumed))
+	}
+}
+
+func TestModesAndSelectors(t *testing.T) {
+	mig := gpuNode(t, "mig-node", api.ModeMIG, "A100-40GB")
+	core := gpuNode(t, "core-node", api.ModeHAMiCore, "A100-40GB")
+	e := newEnv(t, nil, []*v1.Node{mig, core})
+	if p, _ := e.schedule(gpuPod("m", api.ModeMIG, [2]int{1, 4000})); p == nil || p.Spec.NodeName != "mig-node" {
+		t.Errorf("mig pod: %v", p)
+	}
+	p, _ := e.schedule(gpuPod("h", api.ModeHAMiCore, [2]int{1, 4000}))
+	if p == nil || p.Spec.NodeName != "core-node" {
+		t.Fatalf("hami-core pod: %v", p)
+	}
+	devs, err := api.DecodeHAMiCoreDevices(api.DevicesAllocatedAnnotation, p.Annotations[api.DevicesAllocatedAnnotation])
+	if err != nil || len(devs) != 1 || len(devs[0]) != 1 || devs[0][0].MemoryMiB != 4000 || p.Annotations[api.DevicesToAllocateAnnotation] == "" {
+		t.Errorf("hami-core annotations: %v %v", p.Annotations, err)
+	}
+	sel := gpuPod("sel", "", [2]int{1, 4000})
+	sel.Annotations[api.NoUseGPUTypeAnnotation] = "a100"
+	if p, statuses := e.schedule(sel); p != nil || !strings.Contains(reasons(statuses), string(placement.ReasonNotSelected)) {
+		t.Errorf("nouse-gputype a100 must leave no GPU: %v %s", p, reasons(statuses))
+	}
+	// hami-core share limits: 10 shares of 40 GiB; a 40000 MiB share leaves no memory.
+	if p, _ := e.schedule(gpuPod("big", api.ModeHAMiCore, [2]int{1, 36000})); p == nil {
+		t.Fatal("big share")
+	}
+	if p, statuses := e.schedule(gpuPod("over", api.ModeHAMiCore, [2]int{1, 4000})); p != nil || !strings.Contains(reasons(statuses), string(placement.ReasonShareLimit)) {
+		t.Errorf("memory is exhausted: %v %s", p, reasons(statuses))
+	}
+}
+
+func TestHeartbeat(t *testing.T) {
+	node := gpuNode(t, "n", api.ModeMIG, "A100-40GB")
+	e := newEnv(t, nil, []*v1.Node{node})
+	stale := heartbeat("n", time.Now().Add(-time.Hour))
+	if _, err := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Update(e.ctx, stale, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		l, err := e.pl.leases.Get(api.HeartbeatLeaseName("n"))
+		return err == nil && !leaseFresh(l, time.Now())
+	})
+	pod := gpuPod("p", api.ModeMIG, [2]int{1, 4000})
+	if p, statuses := e.schedule(pod); p != nil || !strings.Contains(reasons(statuses), reasonHeartbeat) {
+		t.Fatalf("a node without heartbeat must refuse: %s", reasons(statuses))
+	}
+	activated := e.activator.waitFor(t, "default/p", func() {
+		if _, err := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Update(e.ctx, heartbeat("n", time.Now()), metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if !activated {
+		t.Errorf("a renewed heartbeat must activate the refused pod")
+	}
+	if _, node, _ := e.cycle(e.pod("p")); node != "n" {
+		t.Errorf("after the heartbeat the pod fits")
+	}
+}
+
+func TestSignPodAndSkips(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
+	cpu := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cpu", Namespace: "default", UID: "cpu-uid"},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Image: "busybox"}}}}
+	if _, st := e.pl.SignPod(e.ctx, cpu); !st.IsSuccess() {
+		t.Errorf("CPU pods keep batching: %v", st)
+	}
+	if _, st := e.pl.SignPod(e.ctx, gpuPod("g", api.ModeMIG, [2]int{1, 1})); st.Code() != fwk.Unschedulable {
+		t.Errorf("GPU pods are never batched: %v", st)
+	}
+	state := framework.NewCycleState()
+	e.snapshot.set(cache.NewSnapshot(nil, e.nodes))
+	if _, st, _ := e.fw.RunPreFilterPlugins(e.ctx, state, cpu); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	if st := e.pl.Bind(e.ctx, state, cpu, "n"); st.Code() != fwk.Skip {
+		t.Errorf("Bind must skip CPU pods for DefaultBinder: %v", st)
+	}
+	// A whole cycle for a CPU pod: Filter and Score skipped, DefaultBinder binds it.
+	if _, err := e.client.CoreV1().Pods("default").Create(e.ctx, cpu, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.nodes = append(e.nodes, gpuNode(t, "n2", api.ModeMIG, "A30"))
+	cycleState, node, statuses := e.cycle(cpu)
+	if node == "" {
+		t.Fatalf("CPU pod: %s", reasons(statuses))
+	}
+	if st := e.fw.RunBindPlugins(e.ctx, cycleState, cpu, node); !st.IsSuccess() {
+		t.Fatalf("CPU pod bind: %v", st)
+	}
+	if e.pod("cpu").Spec.NodeName != node || e.pl.reservations.inflightCount() != 0 {
+		t.Errorf("CPU pod not bound by DefaultBinder")
+	}
+}
+
+func TestNodeQueueingHint(t *testing.T) {
+	e := newEnv(t, nil, nil)
+	n := gpuNode(t, "n", api.ModeMIG, "A100-40GB")
+	plain := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cpu"}}
+	changed := n.DeepCopy()
+	changed.Annotations[api.NodeInventoryAnnotation] = restrictInventory(t, n.DeepCopy(), "1g.5gb").Annotations[api.NodeInventoryAnnotation]
+	relabelled := n.DeepCopy()
+	relabelled.Labels = map[string]string{"x": "y"}
+	for _, tc := range []struct {
+		name     string
+		old, new *v1.Node
+		want     fwk.QueueingHint
+	}{
+		{"GPU node added", nil, n, fwk.Queue},
+		{"CPU node added", nil, plain, fwk.QueueSkip},
+		{"inventory changed", n, changed, fwk.Queue},
+		{"other change", n, relabelled, fwk.QueueSkip},
+	} {
+		var old any
+		if tc.old != nil {
+			old = tc.old
+		}
+		if got, _ := e.pl.isSchedulableAfterNodeChange(klog.Background(), gpuPod("p", "", [2]int{1, 1}), old, tc.new); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	cpuPod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "default"}, Spec: v1.PodSpec{NodeName: "n"}}
+	if got, _ := e.pl.isSchedulableAfterPodDelete(klog.Background(), gpuPod("p", "", [2]int{1, 1}), cpuPod, nil); got != fwk.QueueSkip {
+		t.Errorf("a CPU pod's deletion frees no GPU")
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
