@@ -64,7 +64,6 @@ type env struct {
 	realise bool
 }
 
-
 // swappableSnapshot lets each test cycle see the cluster as it is now.
 type swappableSnapshot struct {
 	mu sync.Mutex
