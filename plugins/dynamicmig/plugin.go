@@ -100,6 +100,8 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: pl.onLeaseAdd, UpdateFunc: pl.onLeaseUpdate}); err != nil {
 		return nil, fmt.Errorf("%s: watching Leases: %w", Name, err)
 	}
+	factory := h.SharedInformerFactory()
+	collector.setSource(pl, factory.Core().V1().Nodes().Lister(), factory.Core().V1().Pods().Lister())
 	// Drop in-flight reservations of deleted pods. Bound pods' entries are dropped when a
 	// NodeInfo shows the pod with its annotation (addOccupancy): dropping them on the
 	// informer's update could race the scheduler cache, which may still hold the assumed pod.

@@ -17,6 +17,8 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
+	"github.com/prometheus/common/expfmt"
+
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
@@ -348,4 +350,52 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+func TestStateMetrics(t *testing.T) {
+	e := newEnv(t, &config.DynamicMIGArgs{LegacyMetrics: true}, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
+	e.mustSchedule(gpuPod("a", api.ModeMIG, [2]int{2, 8000}))
+	// The device plugin realises the first device.
+	p := e.pod("a")
+	recs, _ := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
+	recs[0].SetRuntime("MIG-abc", 3, 0)
+	raw, _ := api.EncodeMigReservations(recs)
+	p.Annotations[api.MigReservationsAnnotation] = raw
+	if _, err := e.client.CoreV1().Pods("default").Update(e.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	waitFor(t, func() bool {
+		out = scrape(t)
+		return strings.Contains(out, `mig_uuid="MIG-abc"`)
+	})
+	for _, want := range []string{
+		`hami_node_gpu_mig_instance_info{compute_instance_id="0",device_index="0",device_uuid="` + recs[0].GPUUUID + `",gpu_instance_id="3",mig_uuid="MIG-abc",node="n",placement_size="2",placement_start="0",profile="2g.10gb"} 1`,
+		`nodeGPUMigInstance{deviceidx="0",deviceuuid="` + recs[0].GPUUUID + `",migname="2g.10gb-0",nodeid="n",zone="vGPU"} 1`,
+		`dynamig_scheduler_gpu_allocated{device_index="0",device_uuid="` + recs[0].GPUUUID + `",mode="mig",node="n",resource="slots"} 4`,
+		`dynamig_scheduler_gpu_allocated{device_index="0",device_uuid="` + recs[0].GPUUUID + `",mode="mig",node="n",resource="memory_mib"} 19712`,
+		`dynamig_scheduler_gpu_capacity{device_index="0",device_uuid="` + recs[0].GPUUUID + `",mode="mig",node="n",resource="slots"} 8`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if strings.Count(out, "hami_node_gpu_mig_instance_info{") != 1 {
+		t.Errorf("only realised reservations are instances:\n%s", out)
+	}
+}
+
+func scrape(t *testing.T) string {
+	t.Helper()
+	families, err := Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, f := range families {
+		if _, err := expfmt.MetricFamilyToText(&b, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b.String()
 }
