@@ -2,8 +2,8 @@ package api
 
 import (
 	"fmt"
-	"regexp"
 	"strconv"
+	"strings"
 )
 
 // ProfileName is a parsed MIG GPU-instance profile name such as "2g.10gb", "1g.5gb+me" or
@@ -18,17 +18,49 @@ type ProfileName struct {
 	Variant string
 }
 
-var profileNameRE = regexp.MustCompile(`^([1-9][0-9]?)g\.([1-9][0-9]{0,3})gb(\+me|-me|\+gfx|\+me\.all)?$`)
-
-// ParseProfileName parses a MIG profile name; the error says what the form should be.
+// ParseProfileName parses a MIG profile name of the form <slices>g.<memory>gb with an
+// optional +me, -me, +gfx or +me.all; the error says what the form should be. It is
+// hand-written rather than a regular expression: the allocator parses names on its hot path.
 func ParseProfileName(name string) (ProfileName, error) {
-	m := profileNameRE.FindStringSubmatch(name)
-	if m == nil {
+	bad := func() (ProfileName, error) {
 		return ProfileName{}, fmt.Errorf("%q is not a MIG profile name (want <slices>g.<memory>gb with an optional +me, -me, +gfx or +me.all, e.g. 2g.10gb)", name)
 	}
-	slices, _ := strconv.Atoi(m[1])
-	mem, _ := strconv.Atoi(m[2])
-	return ProfileName{Slices: slices, MemoryGB: mem, Variant: m[3]}, nil
+	slicesPart, rest, ok := strings.Cut(name, "g.")
+	if !ok {
+		return bad()
+	}
+	memPart, variant, ok := strings.Cut(rest, "gb")
+	if !ok {
+		return bad()
+	}
+	slices, ok := positive(slicesPart, 2)
+	if !ok {
+		return bad()
+	}
+	mem, ok := positive(memPart, 4)
+	if !ok {
+		return bad()
+	}
+	switch variant {
+	case "", "+me", "-me", "+gfx", "+me.all":
+	default:
+		return bad()
+	}
+	return ProfileName{Slices: slices, MemoryGB: mem, Variant: variant}, nil
+}
+
+// positive parses 1 to maxDigits decimal digits without a leading zero.
+func positive(s string, maxDigits int) (int, bool) {
+	if len(s) == 0 || len(s) > maxDigits || s[0] == '0' {
+		return 0, false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil
 }
 
 // String formats the name back.

@@ -127,34 +127,67 @@ func (g *migGPU) add(u *migUsage, name string, pl api.Placement) {
 }
 
 // placeable reports whether one more instance of profile i is allowed by the instance
-// counts, compute slices and media-engine rules, ignoring where it goes.
-func (g *migGPU) placeable(u *migUsage, i int) bool { return g.limit(u, i) == "" }
+// counts, compute slices and media-engine rules, ignoring where it goes. It is the hot path
+// of the fragmentation cost, so it formats nothing; limit says which rule refused.
+func (g *migGPU) placeable(u *migUsage, i int) bool { return g.rule(u, i) == ruleNone }
 
-// limit names the rule that forbids one more instance of profile i, "" if none does.
-func (g *migGPU) limit(u *migUsage, i int) string {
+// rule is the first rule that forbids one more instance of profile i.
+type rule int
+
+const (
+	ruleNone rule = iota
+	ruleProfileCount
+	ruleGPUCount
+	ruleSlices
+	ruleMediaEngines
+	ruleAllMediaEngines
+	ruleBesideAllME
+)
+
+func (g *migGPU) rule(u *migUsage, i int) rule {
 	p := &g.profiles[i]
 	switch {
 	case p.pub.Instances > 0 && int(u.count[i]) >= p.pub.Instances:
-		return fmt.Sprintf("%s has its %d instances", p.pub.Name, p.pub.Instances)
+		return ruleProfileCount
 	case g.maxGIs > 0 && u.gis >= g.maxGIs:
-		return fmt.Sprintf("the GPU has its %d MIG instances", g.maxGIs)
+		return ruleGPUCount
 	case g.fullSlices > 0 && u.slices+p.slices > g.fullSlices:
-		return fmt.Sprintf("%s needs %d compute slices and %d of %d are free", p.pub.Name, p.slices, g.fullSlices-u.slices, g.fullSlices)
+		return ruleSlices
 	}
 	switch p.name.Variant {
 	case "+me":
 		if u.me > 0 || u.allME > 0 {
-			return fmt.Sprintf("%s needs the media engines another instance holds", p.pub.Name)
+			return ruleMediaEngines
 		}
 	case "+me.all":
 		if u.notMinus > 0 {
-			return fmt.Sprintf("%s needs every media engine and other instances hold some", p.pub.Name)
+			return ruleAllMediaEngines
 		}
 	case "-me":
 	default:
 		if u.allME > 0 {
-			return fmt.Sprintf("a +me.all instance holds every media engine; only -me profiles fit beside it")
+			return ruleBesideAllME
 		}
+	}
+	return ruleNone
+}
+
+// limit says which rule forbids one more instance of profile i, "" if none does.
+func (g *migGPU) limit(u *migUsage, i int) string {
+	p := &g.profiles[i]
+	switch g.rule(u, i) {
+	case ruleProfileCount:
+		return fmt.Sprintf("%s has its %d instances", p.pub.Name, p.pub.Instances)
+	case ruleGPUCount:
+		return fmt.Sprintf("the GPU has its %d MIG instances", g.maxGIs)
+	case ruleSlices:
+		return fmt.Sprintf("%s needs %d compute slices and %d of %d are free", p.pub.Name, p.slices, g.fullSlices-u.slices, g.fullSlices)
+	case ruleMediaEngines:
+		return fmt.Sprintf("%s needs the media engines another instance holds", p.pub.Name)
+	case ruleAllMediaEngines:
+		return fmt.Sprintf("%s needs every media engine and other instances hold some", p.pub.Name)
+	case ruleBesideAllME:
+		return "a +me.all instance holds every media engine; only -me profiles fit beside it"
 	}
 	return ""
 }
@@ -259,7 +292,7 @@ func (g *migGPU) choose(u *migUsage, d migDemand, fragmentationAware bool) (migC
 			continue
 		}
 		bigEnough = true
-		limit := g.limit(u, i)
+		limited := !g.placeable(u, i)
 		best := migChoice{profile: i, placement: -1}
 		for k := range p.masks {
 			j := k
@@ -269,7 +302,7 @@ func (g *migGPU) choose(u *migUsage, d migDemand, fragmentationAware bool) (migC
 			if p.masks[j]&u.used != 0 {
 				continue
 			}
-			if limit != "" {
+			if limited {
 				best.placement = -2 // free placements exist; a limit forbids them
 				break
 			}
@@ -285,7 +318,7 @@ func (g *migGPU) choose(u *migUsage, d migDemand, fragmentationAware bool) (migC
 			return best, refusal{}
 		}
 		if best.placement == -2 {
-			why = why.closer(refusal{reason: ReasonInstanceLimit, detail: limit})
+			why = why.closer(refusal{reason: ReasonInstanceLimit, detail: g.limit(u, i)})
 			continue
 		}
 		// Fragmented: the free slots this profile could use add up to a placement, but no
