@@ -182,7 +182,7 @@ func fitMIG(gpus []GPU, req *Request, opts Options) (*Result, refusal) {
 			why = why.closer(r)
 			continue
 		}
-		s := &state{g: newMIGGPU(&gpus[i].Info)}
+		s := &state{g: preparedMIGGPU(&gpus[i].Info)}
 		for _, inst := range gpus[i].MIG {
 			s.g.add(&s.u, inst.Profile, inst.Placement)
 		}
@@ -205,9 +205,8 @@ func fitMIG(gpus []GPU, req *Request, opts Options) (*Result, refusal) {
 					continue
 				}
 				demand := migDemand{memoryMiB: deviceMemory(c, s.g.fullMemory(), opts.DefaultMemory), cores: c.Cores}
-				choice, r := s.g.choose(&s.u, demand, opts.FragmentationAware)
+				choice, r := s.g.choose(&s.u, demand, opts.FragmentationAware, false)
 				if r.reason != ReasonNone {
-					deviceWhy = deviceWhy.closer(refusal{reason: r.reason, detail: gpus[i].Info.ID + ": " + r.detail})
 					continue
 				}
 				cand := &migCandidate{gpu: i, choice: choice, memory: s.g.profiles[choice.profile].pub.MemoryMB, util: s.g.utilisation(&s.u)}
@@ -216,6 +215,15 @@ func fitMIG(gpus []GPU, req *Request, opts Options) (*Result, refusal) {
 				}
 			}
 			if best == nil {
+				// The failure path: ask every GPU again, this time for its reasons.
+				for i, s := range states {
+					if s == nil {
+						continue
+					}
+					demand := migDemand{memoryMiB: deviceMemory(c, s.g.fullMemory(), opts.DefaultMemory), cores: c.Cores}
+					_, r := s.g.choose(&s.u, demand, opts.FragmentationAware, true)
+					deviceWhy = deviceWhy.closer(refusal{reason: r.reason, detail: gpus[i].Info.ID + ": " + r.detail})
+				}
 				deviceWhy.detail = fmt.Sprintf("container %d device %d: %s", c.Index, d, deviceWhy.detail)
 				return nil, deviceWhy
 			}

@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/dynamig/dynamig/api"
 )
@@ -34,10 +35,11 @@ type migProfile struct {
 	hamiDescending bool
 }
 
-// migGPU is the static part of one MIG GPU: its profiles as slot masks.
+// migGPU is the static part of one MIG GPU: its profiles as slot masks. It is built once per
+// published inventory (see prepared) and only read afterwards.
 type migGPU struct {
-	info       *api.GPU
 	slots      int
+	fullMiB    int // the full-GPU profile's memory, the base of percentages
 	all        slotMask
 	maxGIs     int // 0: no limit published
 	fullSlices int
@@ -55,8 +57,46 @@ type migUsage struct {
 	notMinus int // GIs other than "-me" ones
 }
 
+// preparedKey identifies a published inventory entry: the plugin decodes each node's
+// annotation once, so its profile array is shared by every Filter call until it changes.
+type preparedKey struct {
+	profiles             *api.MigProfile
+	n, count, slots, mem int
+}
+
+// prepared caches migGPUs; it is dropped whole when it grows past maxPrepared, which a
+// cluster reaches only through many inventory changes.
+var (
+	preparedMu sync.RWMutex
+	prepared   = map[preparedKey]*migGPU{}
+)
+
+const maxPrepared = 1 << 16
+
+// preparedMIGGPU returns the static part of a MIG GPU, built once per inventory.
+func preparedMIGGPU(info *api.GPU) *migGPU {
+	if len(info.MigProfiles) == 0 {
+		return newMIGGPU(info)
+	}
+	key := preparedKey{profiles: &info.MigProfiles[0], n: len(info.MigProfiles), count: info.Count, slots: info.SlotCount(), mem: info.Devmem}
+	preparedMu.RLock()
+	g, ok := prepared[key]
+	preparedMu.RUnlock()
+	if ok {
+		return g
+	}
+	g = newMIGGPU(info)
+	preparedMu.Lock()
+	if len(prepared) >= maxPrepared {
+		prepared = map[preparedKey]*migGPU{}
+	}
+	prepared[key] = g
+	preparedMu.Unlock()
+	return g
+}
+
 func newMIGGPU(info *api.GPU) *migGPU {
-	g := &migGPU{info: info, slots: info.SlotCount(), maxGIs: info.Count}
+	g := &migGPU{slots: info.SlotCount(), maxGIs: info.Count}
 	g.all = slotMask(uint64(1)<<uint(min(g.slots, 32)) - 1)
 	for i := range info.MigProfiles {
 		if i == maxProfiles {
@@ -80,7 +120,13 @@ func newMIGGPU(info *api.GPU) *migGPU {
 		if p.size == g.slots && name.Variant == "" {
 			g.fullSlices = max(g.fullSlices, p.slices)
 		}
+		if p.size == g.slots && name.Variant == "" {
+			g.fullMiB = max(g.fullMiB, pub.MemoryMB)
+		}
 		g.profiles = append(g.profiles, p)
+	}
+	if g.fullMiB == 0 {
+		g.fullMiB = info.Devmem
 	}
 	// Smallest first: memory, then slices, then plain before variants, which take engines
 	// that other instances may need.
@@ -108,7 +154,14 @@ func (g *migGPU) profileIndex(name string) int {
 func (g *migGPU) add(u *migUsage, name string, pl api.Placement) {
 	u.used |= maskOf(pl)
 	u.gis++
-	pn, err := api.ParseProfileName(name)
+	i := g.profileIndex(name)
+	var pn api.ProfileName
+	var err error
+	if i >= 0 {
+		pn = g.profiles[i].name
+	} else {
+		pn, err = api.ParseProfileName(name)
+	}
 	if err == nil {
 		u.slices += pn.Slices
 		switch pn.Variant {
@@ -121,7 +174,7 @@ func (g *migGPU) add(u *migUsage, name string, pl api.Placement) {
 			u.notMinus++
 		}
 	}
-	if i := g.profileIndex(name); i >= 0 && u.count[i] < 255 {
+	if i >= 0 && u.count[i] < 255 {
 		u.count[i]++
 	}
 }
@@ -283,7 +336,16 @@ type migDemand struct {
 
 // choose picks the profile and placement for one device, or says why none fits. With
 // fragmentation off the cost is ignored and HAMi's order decides.
-func (g *migGPU) choose(u *migUsage, d migDemand, fragmentationAware bool) (migChoice, refusal) {
+//
+// Details are formatted only with explain: Filter runs this for every GPU of every node,
+// and only a device that fits nowhere needs them.
+func (g *migGPU) choose(u *migUsage, d migDemand, fragmentationAware, explain bool) (migChoice, refusal) {
+	detail := func(format string, args ...any) string {
+		if !explain {
+			return ""
+		}
+		return fmt.Sprintf(format, args...)
+	}
 	var why refusal
 	bigEnough := false
 	for i := range g.profiles {
@@ -318,7 +380,11 @@ func (g *migGPU) choose(u *migUsage, d migDemand, fragmentationAware bool) (migC
 			return best, refusal{}
 		}
 		if best.placement == -2 {
-			why = why.closer(refusal{reason: ReasonInstanceLimit, detail: g.limit(u, i)})
+			r := refusal{reason: ReasonInstanceLimit}
+			if explain {
+				r.detail = g.limit(u, i)
+			}
+			why = why.closer(r)
 			continue
 		}
 		// Fragmented: the free slots this profile could use add up to a placement, but no
@@ -329,13 +395,17 @@ func (g *migGPU) choose(u *migUsage, d migDemand, fragmentationAware bool) (migC
 		}
 		free := bits.OnesCount32(uint32(reach &^ u.used))
 		if free >= p.size {
-			why = why.closer(refusal{reason: ReasonFragmented, detail: fmt.Sprintf("%s needs %d slots and %d are free, but not at a legal placement", p.pub.Name, p.size, free)})
+			why = why.closer(refusal{reason: ReasonFragmented, detail: detail("%s needs %d slots and %d are free, but not at a legal placement", p.pub.Name, p.size, free)})
 		} else {
-			why = why.closer(refusal{reason: ReasonPlacementsTaken, detail: fmt.Sprintf("every placement of %s is taken", p.pub.Name)})
+			why = why.closer(refusal{reason: ReasonPlacementsTaken, detail: detail("every placement of %s is taken", p.pub.Name)})
 		}
 	}
 	if !bigEnough {
-		return migChoice{}, refusal{reason: ReasonNoProfile, detail: fmt.Sprintf("no allowlisted profile has %d MiB and %d%% of the cores (largest: %s)", d.memoryMiB, d.cores, g.largestProfile())}
+		r := refusal{reason: ReasonNoProfile}
+		if explain {
+			r.detail = fmt.Sprintf("no allowlisted profile has %d MiB and %d%% of the cores (largest: %s)", d.memoryMiB, d.cores, g.largestProfile())
+		}
+		return migChoice{}, r
 	}
 	return migChoice{}, why
 }
@@ -349,18 +419,7 @@ func (g *migGPU) largestProfile() string {
 }
 
 // fullMemory is the memory of the full-GPU profile, the base of memory percentages.
-func (g *migGPU) fullMemory() int {
-	full := 0
-	for i := range g.profiles {
-		if g.profiles[i].size == g.slots && g.profiles[i].name.Variant == "" {
-			full = max(full, g.profiles[i].pub.MemoryMB)
-		}
-	}
-	if full == 0 {
-		return g.info.Devmem
-	}
-	return full
-}
+func (g *migGPU) fullMemory() int { return g.fullMiB }
 
 // utilisation is the share of memory slots in use, in [0,1].
 func (g *migGPU) utilisation(u *migUsage) float64 {
