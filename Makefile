@@ -18,7 +18,7 @@ FUZZ_TARGETS := \
 	./config:FuzzParseDeviceConfig \
 	./nvml/sim:FuzzParseGPUList
 
-.PHONY: all build test unit race fuzz lint demo clean
+.PHONY: all build test unit race fuzz lint demo clean bench-allocator
 
 all: build
 
@@ -56,6 +56,10 @@ demo: build
 	@echo "make demo: the in-process sandbox cluster is not built yet (issue 5)."
 	@echo "Meanwhile, the inventory the seed's MIG node (one NVIDIA A100-PCIE-40GB) would publish:"
 	$(BIN)/dynamig-device-plugin discover --nvml=sim --sim-gpus='NVIDIA A100-PCIE-40GB:1' --node-name=mig-node -o table
+
+# Allocator benchmarks, written to docs/benchmarks/allocator.md with the command and machine.
+bench-allocator:
+	hack/bench-allocator.sh
 
 clean:
 	rm -rf $(BIN)
