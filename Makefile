@@ -16,6 +16,7 @@ FUZZ_TARGETS := \
 	./api:FuzzDecodeMigReservations \
 	./api:FuzzDecodeHAMiCoreDevices \
 	./config:FuzzParseDeviceConfig \
+	./plugins/dynamicmig:FuzzParsePod \
 	./nvml/sim:FuzzParseGPUList
 
 .PHONY: all build test unit race fuzz lint demo clean bench-allocator

@@ -1,0 +1,117 @@
+package dynamicmig
+
+import (
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+)
+
+func podWith(annotations map[string]string, containers ...v1.ResourceList) *v1.Pod {
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default", Annotations: annotations}}
+	for i, limits := range containers {
+		p.Spec.Containers = append(p.Spec.Containers, v1.Container{Name: "c" + string(rune('0'+i)), Resources: v1.ResourceRequirements{Limits: limits}})
+	}
+	return p
+}
+
+func TestParsePod(t *testing.T) {
+	names := config.DefaultResourceNames()
+	q := resource.MustParse
+	init := podWith(nil, v1.ResourceList{api.ResourceCount: q("1"), api.ResourceMemory: q("3000")})
+	init.Spec.InitContainers = []v1.Container{{Name: "init", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: q("2"), api.ResourceCores: q("30")}}}}
+	for _, tc := range []struct {
+		name    string
+		pod     *v1.Pod
+		wantErr string
+		check   func(t *testing.T, r *podRequest)
+	}{
+		{name: "no GPU", pod: podWith(nil, v1.ResourceList{v1.ResourceCPU: q("1")}), check: func(t *testing.T, r *podRequest) {
+			if r != nil {
+				t.Errorf("a CPU pod has no request: %+v", r)
+			}
+		}},
+		{name: "init containers first", pod: init, check: func(t *testing.T, r *podRequest) {
+			if len(r.Containers) != 2 || r.Containers[0].Index != 0 || r.Containers[0].Devices != 2 || r.Containers[0].Cores != 30 ||
+				r.Containers[1].Index != 1 || r.Containers[1].MemoryMiB != 3000 || r.Devices != 3 {
+				t.Errorf("%+v", r.Containers)
+			}
+		}},
+		{name: "annotations", pod: podWith(map[string]string{
+			api.VGPUModeAnnotation: "mig", api.UseGPUTypeAnnotation: "A100, H100", api.NoUseGPUUUIDAnnotation: "GPU-1",
+			api.NodeSchedulerPolicyAnnotation: "spread", api.GPUSchedulerPolicyAnnotation: "spread",
+		}, v1.ResourceList{api.ResourceCount: q("1")}), check: func(t *testing.T, r *podRequest) {
+			if r.Mode != "mig" || len(r.UseTypes) != 2 || r.UseTypes[1] != "H100" || r.NoUseUUIDs[0] != "GPU-1" || r.NodePolicy != "spread" || r.GPUPolicy != "spread" {
+				t.Errorf("%+v", r)
+			}
+		}},
+		{name: "requests without limits", pod: func() *v1.Pod {
+			p := podWith(nil, nil)
+			p.Spec.Containers[0].Resources.Requests = v1.ResourceList{api.ResourceCount: q("1"), api.ResourceMemoryPercentage: q("50")}
+			return p
+		}(), check: func(t *testing.T, r *podRequest) {
+			if r.Containers[0].MemoryPercent != 50 {
+				t.Errorf("%+v", r.Containers)
+			}
+		}},
+		{name: "memory without count", pod: podWith(nil, v1.ResourceList{api.ResourceMemory: q("1000")}), wantErr: `container "c0" asks for nvidia.com/gpumem without nvidia.com/gpu`},
+		{name: "cores without count", pod: podWith(nil, v1.ResourceList{api.ResourceCores: q("10")}), wantErr: "nvidia.com/gpucores without"},
+		{name: "negative", pod: podWith(nil, v1.ResourceList{api.ResourceCount: q("1"), api.ResourceMemory: q("-5")}), wantErr: `nvidia.com/gpumem is -5`},
+		{name: "fraction", pod: podWith(nil, v1.ResourceList{api.ResourceCount: q("1500m")}), wantErr: "nvidia.com/gpu is 1500m"},
+		{name: "percentage over 100", pod: podWith(nil, v1.ResourceList{api.ResourceCount: q("1"), api.ResourceMemoryPercentage: q("150")}), wantErr: "gpumem-percentage is 150"},
+		{name: "cores over 100", pod: podWith(nil, v1.ResourceList{api.ResourceCount: q("1"), api.ResourceCores: q("101")}), wantErr: "gpucores is 101"},
+		{name: "bad mode", pod: podWith(map[string]string{api.VGPUModeAnnotation: "mps"}, v1.ResourceList{api.ResourceCount: q("1")}), wantErr: `nvidia.com/vgpu-mode is "mps"`},
+		{name: "bad policy", pod: podWith(map[string]string{api.GPUSchedulerPolicyAnnotation: "pack"}, v1.ResourceList{api.ResourceCount: q("1")}), wantErr: `hami.io/gpu-scheduler-policy is "pack"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := parsePod(tc.pod, names, api.PolicyBinpack)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, r)
+		})
+	}
+}
+
+func FuzzParsePod(f *testing.F) {
+	f.Add("mig", "A100,H100", "binpack", "2", "8000", "50", "30")
+	f.Add("", "", "", "1500m", "-1", "101", "1e3")
+	f.Fuzz(func(t *testing.T, mode, types, policy, count, mem, pct, cores string) {
+		limits := v1.ResourceList{}
+		for name, v := range map[string]string{api.ResourceCount: count, api.ResourceMemory: mem, api.ResourceMemoryPercentage: pct, api.ResourceCores: cores} {
+			if q, err := resource.ParseQuantity(v); err == nil {
+				limits[v1.ResourceName(name)] = q
+			}
+		}
+		pod := podWith(map[string]string{api.VGPUModeAnnotation: mode, api.UseGPUTypeAnnotation: types, api.NodeSchedulerPolicyAnnotation: policy}, limits)
+		r, err := parsePod(pod, config.DefaultResourceNames(), api.PolicyBinpack)
+		if err != nil {
+			if !strings.Contains(err.Error(), "container") && !strings.Contains(err.Error(), "annotation") {
+				t.Fatalf("error names neither container nor annotation: %v", err)
+			}
+			return
+		}
+		if r != nil && (r.Devices <= 0 || r.Mode != "" && r.Mode != api.ModeMIG && r.Mode != api.ModeHAMiCore) {
+			t.Fatalf("accepted a bad request: %+v", r)
+		}
+		if r == nil {
+			return
+		}
+		for _, c := range r.Containers {
+			if c.MemoryMiB < 0 || c.MemoryPercent > 100 || c.Cores > 100 || c.Devices <= 0 {
+				t.Fatalf("accepted a bad container: %+v", c)
+			}
+		}
+	})
+}
