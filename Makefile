@@ -9,7 +9,7 @@ BIN := bin
 # How long each fuzz target runs in `make test`.
 FUZZTIME ?= 5s
 # Packages with concurrency run under the race detector.
-RACE_PKGS := ./nvml/... ./plugins/...
+RACE_PKGS := ./nvml/... ./plugins/... ./deviceplugin/...
 # package:FuzzTarget pairs, one decoder of external input each.
 FUZZ_TARGETS := \
 	./api:FuzzDecodeInventory \
