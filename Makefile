@@ -17,6 +17,7 @@ FUZZ_TARGETS := \
 	./api:FuzzDecodeHAMiCoreDevices \
 	./config:FuzzParseDeviceConfig \
 	./plugins/dynamicmig:FuzzParsePod \
+	./deviceplugin/checkpoint:FuzzDecode \
 	./nvml/sim:FuzzParseGPUList
 
 .PHONY: all build test unit race fuzz lint demo clean bench-allocator
