@@ -1,0 +1,93 @@
+package allocate
+
+import (
+	"context"
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
+)
+
+// Reclaim destroys, on every GPU, this plugin's instances whose pods ended. It is what the
+// reconcile loop runs; Allocate runs it on the GPU it is about to use.
+func (a *Allocator) Reclaim(ctx context.Context) error {
+	var errs []error
+	for _, gpu := range a.opts.Instances.GPUs() {
+		unlock, err := a.opts.Instances.Lock(gpu)
+		if err != nil {
+			return err
+		}
+		if err := a.reclaimLocked(ctx, gpu); err != nil {
+			errs = append(errs, err)
+		}
+		unlock()
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("reclaim: %v", errs)
+	}
+	return nil
+}
+
+// reclaimLocked destroys the GPU's checkpointed instances whose owner is known, from a
+// direct read of the API, to be deleted, Succeeded or Failed. Any read that fails stops it:
+// an unreadable API never destroys anything. The GPU lock is held.
+func (a *Allocator) reclaimLocked(ctx context.Context, gpu string) error {
+	logger := klog.FromContext(ctx)
+	for _, e := range a.opts.Checkpoint.Entries() {
+		if e.GPUUUID != gpu {
+			continue
+		}
+		gone, err := a.ownerEnded(ctx, e)
+		if err != nil {
+			return fmt.Errorf("not reclaiming on %s: %w", gpu, err)
+		}
+		if !gone {
+			continue
+		}
+		if e.State == checkpoint.Created {
+			if _, found := a.find(gpu, e); found {
+				if err := a.opts.Instances.Destroy(ctx, gpu, e.GPUInstanceID); err != nil {
+					return fmt.Errorf("reclaiming the instance of %s/%s: %w", e.PodNamespace, e.PodName, err)
+				}
+			}
+		} else if err := a.destroyAt(ctx, e); err != nil {
+			return err
+		}
+		if err := a.opts.Checkpoint.Remove(e.Key); err != nil {
+			return err
+		}
+		logger.V(2).Info("Reclaimed the MIG instance of an ended pod", "pod", e.PodNamespace+"/"+e.PodName, "gpu", gpu, "placement", e.Placement.String())
+	}
+	return nil
+}
+
+// destroyAt removes what a create left at an intent's placement, if its profile matches.
+func (a *Allocator) destroyAt(ctx context.Context, e checkpoint.Entry) error {
+	list, err := a.opts.Instances.List(e.GPUUUID)
+	if err != nil {
+		return err
+	}
+	for _, in := range list {
+		if in.Placement == e.Placement && in.Profile == e.Profile {
+			return a.opts.Instances.Destroy(ctx, e.GPUUUID, in.GPUInstanceID)
+		}
+	}
+	return nil
+}
+
+// ownerEnded reads the owner pod from the API: gone (or replaced by a pod of the same name)
+// or terminal.
+func (a *Allocator) ownerEnded(ctx context.Context, e checkpoint.Entry) (bool, error) {
+	p, err := a.opts.Client.CoreV1().Pods(e.PodNamespace).Get(ctx, e.PodName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, err
+	}
+	return string(p.UID) != e.PodUID || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed, nil
+}
