@@ -1,0 +1,98 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+
+	"go.yaml.in/yaml/v3"
+	"k8s.io/component-base/configz"
+	"k8s.io/klog/v2"
+	kubeapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
+
+	schedapp "github.com/dynamig/dynamig/cmd/dynamig-scheduler/app"
+)
+
+// schedulerSeq numbers the scheduler configs written into a control plane's directory.
+var schedulerSeq atomic.Int64
+
+// SchedulerConfig copies the KubeSchedulerConfiguration at src (typically
+// manifests/scheduler-config.yaml) into the control plane's directory with
+// clientConnection.kubeconfig set to a kubeconfig of UserScheduler and leader election off,
+// and returns the copy's path. Everything else is kept as written.
+func (cp *ControlPlane) SchedulerConfig(src string) (string, error) {
+	raw, err := os.ReadFile(src)
+	if err != nil {
+		return "", err
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return "", fmt.Errorf("%s: %w", src, err)
+	}
+	kubeconfig, err := cp.WriteKubeconfig(UserScheduler)
+	if err != nil {
+		return "", err
+	}
+	section := func(name string) map[string]any {
+		m, ok := doc[name].(map[string]any)
+		if !ok {
+			m = map[string]any{}
+			doc[name] = m
+		}
+		return m
+	}
+	section("clientConnection")["kubeconfig"] = kubeconfig
+	section("leaderElection")["leaderElect"] = false
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(cp.Dir, fmt.Sprintf("scheduler-config-%d.yaml", schedulerSeq.Add(1)))
+	return p, os.WriteFile(p, out, 0o600)
+}
+
+// StartScheduler runs the real dynamig-scheduler in-process: kube-scheduler's app.Setup
+// with the registry options of cmd/dynamig-scheduler (RegistryOptions), then app.Run in a
+// goroutine. configFile is a KubeSchedulerConfiguration whose clientConnection names the
+// kubeconfig to use (see SchedulerConfig); kube-scheduler's own flags stay at their
+// defaults, except that its secure serving (healthz, metrics) is off. The DynamicMIG
+// metrics listener belongs to the command, not to the registry options, so none is opened.
+//
+// stop cancels the scheduler and waits until app.Run has returned. Only one scheduler may
+// run in a process at a time (app.Run registers the process-wide configz entry).
+func StartScheduler(ctx context.Context, cp *ControlPlane, configFile string) (stop func(), err error) {
+	if cp == nil {
+		return nil, errors.New("no control plane")
+	}
+	opts := options.NewOptions()
+	opts.ConfigFile = configFile
+	opts.SecureServing.BindPort = 0 // no listener
+	ctx, cancel := context.WithCancel(ctx)
+	cc, sched, err := kubeapp.Setup(ctx, opts, schedapp.RegistryOptions()...)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("setting up dynamig-scheduler: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Run returns only when ctx ends (with "finished without leader elect") or on a
+		// start error.
+		if err := kubeapp.Run(ctx, cc, sched); err != nil && ctx.Err() == nil {
+			klog.FromContext(ctx).Error(err, "dynamig-scheduler stopped")
+		}
+	}()
+	var stopped atomic.Bool
+	return func() {
+		if stopped.Swap(true) {
+			return
+		}
+		cancel()
+		<-done
+		configz.Delete("componentconfig")
+	}, nil
+}
