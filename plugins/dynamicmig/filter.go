@@ -37,8 +37,8 @@ func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *
 	if largest := pl.largestDevice(req.Mode, nodes); req.MaxMemoryMiB > largest {
 		observeRefusal(reasonInvalidRequest)
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf(
-			"the pod asks for %d MiB per GPU device (%s); the largest device any node offers has %d MiB",
-			req.MaxMemoryMiB, pl.args.ResourceMemoryName, largest))
+			"container %q asks for %s %d (MiB per GPU device); the largest device any node offers has %d MiB",
+			req.MaxMemoryContainer, pl.args.ResourceMemoryName, req.MaxMemoryMiB, largest))
 	}
 	state.Write(stateKey, &stateData{req: req, fits: map[string]*nodeFit{}})
 	return nil, nil

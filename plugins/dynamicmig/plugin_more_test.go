@@ -77,7 +77,7 @@ func TestInvalidRequests(t *testing.T) {
 	}{
 		{memOnly, `container "c0" asks for nvidia.com/gpumem without nvidia.com/gpu`},
 		{badMode, `nvidia.com/vgpu-mode is "vgpu"`},
-		{tooBig, "500000 MiB per GPU device"},
+		{tooBig, `container "c0" asks for nvidia.com/gpumem 500000`},
 		{fractional, `container "c0": nvidia.com/gpucores is 500m`},
 	} {
 		_, statuses := e.schedule(tc.pod)

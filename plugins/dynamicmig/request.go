@@ -20,8 +20,9 @@ type podRequest struct {
 	NodePolicy string
 	// Devices counts the requested devices over all containers.
 	Devices int
-	// MaxMemoryMiB is the largest explicit per-device memory asked for.
-	MaxMemoryMiB int
+	// MaxMemoryMiB is the largest explicit per-device memory asked for, by MaxMemoryContainer.
+	MaxMemoryMiB       int
+	MaxMemoryContainer string
 }
 
 // parsePod reads the pod's GPU request. It returns nil, nil for a pod that asks for no GPU.
@@ -57,7 +58,9 @@ func parsePod(pod *v1.Pod, names config.ResourceNames, defaultNodePolicy string)
 			Index: i, Devices: int(count), MemoryMiB: int(mem), MemoryPercent: int(pct), Cores: int(cores),
 		})
 		req.Devices += int(count)
-		req.MaxMemoryMiB = max(req.MaxMemoryMiB, int(mem))
+		if int(mem) > req.MaxMemoryMiB {
+			req.MaxMemoryMiB, req.MaxMemoryContainer = int(mem), c.Name
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
