@@ -1,0 +1,124 @@
+// Package publish keeps the node's GPU inventory annotation and the device plugin's
+// heartbeat Lease up to date.
+package publish
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/deviceplugin/inventory"
+	"github.com/dynamig/dynamig/nvml"
+)
+
+// Defaults.
+const (
+	DefaultInventoryInterval = 30 * time.Second
+	// DefaultHeartbeatInterval is how often the Lease is renewed; it expires after
+	// DefaultHeartbeatDuration, so three renewals can be missed before the scheduler stops
+	// sending GPU pods.
+	DefaultHeartbeatInterval = 10 * time.Second
+	DefaultHeartbeatDuration = 40 * time.Second
+)
+
+// Publisher writes the inventory annotation, only when it changed.
+type Publisher struct {
+	Client   kubernetes.Interface
+	NodeName string
+	NVML     nvml.Interface
+	Config   *config.DeviceConfig
+	// last is the annotation value last seen on the Node.
+	last string
+}
+
+// Publish discovers the GPUs and patches the Node if its inventory differs. It returns the
+// inventory and whether it wrote.
+func (p *Publisher) Publish(ctx context.Context) (*inventory.Result, bool, error) {
+	res, err := inventory.Discover(ctx, p.NVML, p.Config, p.NodeName)
+	if err != nil {
+		return nil, false, fmt.Errorf("discovering GPUs: %w", err)
+	}
+	raw, err := api.EncodeInventory(res.GPUs)
+	if err != nil {
+		return nil, false, err
+	}
+	if p.last == "" {
+		node, err := p.Client.CoreV1().Nodes().Get(ctx, p.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return nil, false, fmt.Errorf("reading node %s: %w", p.NodeName, err)
+		}
+		p.last = node.Annotations[api.NodeInventoryAnnotation]
+	}
+	if raw == p.last {
+		return res, false, nil
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.NodeInventoryAnnotation: raw}}})
+	if _, err := p.Client.CoreV1().Nodes().Patch(ctx, p.NodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return nil, false, fmt.Errorf("publishing the inventory on node %s: %w", p.NodeName, err)
+	}
+	p.last = raw
+	klog.FromContext(ctx).Info("Published the GPU inventory", "node", p.NodeName, "gpus", len(res.GPUs))
+	return res, true, nil
+}
+
+// Run publishes now and then every interval until ctx ends; errors are logged and retried.
+func (p *Publisher) Run(ctx context.Context, interval time.Duration) {
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		if _, _, err := p.Publish(ctx); err != nil {
+			klog.FromContext(ctx).Error(err, "Inventory not published")
+		}
+	}, interval)
+}
+
+// Heartbeat renews the node's dynamig-heartbeat Lease.
+type Heartbeat struct {
+	Client    kubernetes.Interface
+	NodeName  string
+	Namespace string
+	Duration  time.Duration
+}
+
+// Renew creates or renews the Lease once.
+func (h *Heartbeat) Renew(ctx context.Context) error {
+	leases := h.Client.CoordinationV1().Leases(h.Namespace)
+	name := api.HeartbeatLeaseName(h.NodeName)
+	now := metav1.NewMicroTime(time.Now())
+	seconds := int32(h.Duration / time.Second)
+	lease, err := leases.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = leases.Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: h.Namespace},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To(h.NodeName), LeaseDurationSeconds: &seconds, AcquireTime: &now, RenewTime: &now},
+		}, metav1.CreateOptions{})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	lease.Spec.HolderIdentity = ptr.To(h.NodeName)
+	lease.Spec.LeaseDurationSeconds = &seconds
+	lease.Spec.RenewTime = &now
+	_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
+	return err
+}
+
+// Run renews every interval until ctx ends.
+func (h *Heartbeat) Run(ctx context.Context, interval time.Duration) {
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		if err := h.Renew(ctx); err != nil {
+			klog.FromContext(ctx).Error(err, "Heartbeat Lease not renewed", "node", h.NodeName)
+		}
+	}, interval)
+}

@@ -1,0 +1,63 @@
+package publish
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/nvml/sim"
+)
+
+func TestPublishOnlyWhenChanged(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}})
+	s, _ := sim.New(sim.Options{Seed: "n"}, sim.GPUSpec{Model: "A100-40GB"})
+	s.Init()
+	p := &Publisher{Client: client, NodeName: "n", NVML: s, Config: config.DefaultDeviceConfig()}
+	if _, wrote, err := p.Publish(ctx); err != nil || !wrote {
+		t.Fatalf("first publish: %v %v", wrote, err)
+	}
+	node, _ := client.CoreV1().Nodes().Get(ctx, "n", metav1.GetOptions{})
+	gpus, err := api.DecodeInventory(node.Annotations[api.NodeInventoryAnnotation])
+	if err != nil || len(gpus) != 1 || gpus[0].Mode != api.ModeMIG {
+		t.Fatalf("published: %+v %v", gpus, err)
+	}
+	client.ClearActions()
+	if _, wrote, err := p.Publish(ctx); err != nil || wrote {
+		t.Errorf("unchanged inventory must not be written: %v %v", wrote, err)
+	}
+	for _, a := range client.Actions() {
+		if a.GetVerb() == "patch" {
+			t.Errorf("unexpected write: %v", a)
+		}
+	}
+	// A restarted plugin compares with what the Node already carries.
+	again := &Publisher{Client: client, NodeName: "n", NVML: s, Config: config.DefaultDeviceConfig()}
+	if _, wrote, _ := again.Publish(ctx); wrote {
+		t.Error("a restart must not rewrite an equal inventory")
+	}
+}
+
+func TestHeartbeat(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset()
+	h := &Heartbeat{Client: client, NodeName: "n", Namespace: api.DefaultSystemNamespace, Duration: DefaultHeartbeatDuration}
+	if err := h.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := client.CoordinationV1().Leases(api.DefaultSystemNamespace).Get(ctx, api.HeartbeatLeaseName("n"), metav1.GetOptions{})
+	time.Sleep(5 * time.Millisecond)
+	if err := h.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second, _ := client.CoordinationV1().Leases(api.DefaultSystemNamespace).Get(ctx, api.HeartbeatLeaseName("n"), metav1.GetOptions{})
+	if *second.Spec.LeaseDurationSeconds != 40 || !second.Spec.RenewTime.After(first.Spec.RenewTime.Time) {
+		t.Errorf("lease not renewed: %+v", second.Spec)
+	}
+}
