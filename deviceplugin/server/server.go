@@ -185,6 +185,7 @@ func (s *Server) Run(ctx context.Context) error {
 		kubeletID  fs.FileInfo // kubelet.sock as it was at the last registration attempt
 		nextTry    time.Time
 		delay      = s.opts.RegisterRetry
+		first      = true
 	)
 	defer func() {
 		if l != nil {
@@ -210,16 +211,22 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			var err error
 			if l, err = s.listen(ctx); err != nil {
-				return err
+				if first {
+					return err // a setup problem: say so at once
+				}
+				logger.Error(err, "Serving the plugin socket again failed; will retry")
+				timer.Reset(s.pollInterval)
+				continue
 			}
 			registered, nextTry, delay = false, time.Time{}, s.opts.RegisterRetry
 		}
+		first = false
 
 		kubelet, _ := os.Stat(s.kubeletSocket)
 		if registered && (kubelet == nil || !os.SameFile(kubelet, kubeletID)) {
 			// kubelet restarted without (yet) deleting our socket: its new instance
 			// knows nothing of us.
-			logger.Info("kubelet socket was replaced; registering again")
+			logger.Info("kubelet socket changed or went away; registering again")
 			registered, nextTry, delay = false, time.Time{}, s.opts.RegisterRetry
 		}
 		if !registered && kubelet != nil && (kubeletID == nil || !os.SameFile(kubelet, kubeletID)) {
