@@ -34,9 +34,8 @@ import (
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
-	"github.com/dynamig/dynamig/deviceplugin/inventory"
-	"github.com/dynamig/dynamig/nvml/sim"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+	"github.com/dynamig/dynamig/test/fixture"
 )
 
 func init() { schedmetrics.Register() }
@@ -253,38 +252,9 @@ func (e *env) mustSchedule(pod *v1.Pod) []api.MigReservation {
 	return recs
 }
 
-// gpuNode publishes simulated GPUs through the device plugin's inventory code.
+// gpuNode is a node with the inventory of simulated GPUs in mode.
 func gpuNode(t *testing.T, name, mode string, models ...string) *v1.Node {
-	t.Helper()
-	cfg, err := config.ParseDeviceConfig([]byte(fmt.Sprintf("nodeconfig:\n- name: %s\n  operatingmode: %s\n", name, mode)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var specs []sim.GPUSpec
-	for _, m := range models {
-		specs = append(specs, sim.GPUSpec{Model: m})
-	}
-	s, err := sim.New(sim.Options{Seed: name}, specs...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Init(); err != nil {
-		t.Fatal(err)
-	}
-	res, err := inventory.Discover(context.Background(), s, cfg, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := api.EncodeInventory(res.GPUs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &v1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{api.NodeInventoryAnnotation: raw}},
-		Status: v1.NodeStatus{Allocatable: v1.ResourceList{
-			v1.ResourceCPU: resource.MustParse("32"), v1.ResourceMemory: resource.MustParse("256Gi"), v1.ResourcePods: resource.MustParse("110"),
-		}},
-	}
+	return fixture.Node(t, name, mode, models...)
 }
 
 func heartbeat(node string, renewed time.Time) *coordinationv1.Lease {

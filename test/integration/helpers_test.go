@@ -25,10 +25,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
-	"github.com/dynamig/dynamig/config"
-	"github.com/dynamig/dynamig/deviceplugin/inventory"
-	"github.com/dynamig/dynamig/nvml/sim"
 	"github.com/dynamig/dynamig/test/cluster"
+	"github.com/dynamig/dynamig/test/fixture"
 )
 
 // schedulerConfig is the shipped KubeSchedulerConfiguration, which every test runs.
@@ -188,52 +186,9 @@ func (e *env) renewHeartbeats(ctx context.Context, stopped chan<- struct{}) {
 	}
 }
 
-// gpuNode publishes simulated GPUs through the device plugin's inventory code (as
-// plugins/dynamicmig's gpuNode) and advertises nvidia.com/gpu as the sum of the GPUs'
-// counts.
+// gpuNode is a Ready node with the inventory of simulated GPUs in mode.
 func gpuNode(t *testing.T, name, mode string, models ...string) *v1.Node {
-	t.Helper()
-	cfg, err := config.ParseDeviceConfig(fmt.Appendf(nil, "nodeconfig:\n- name: %s\n  operatingmode: %s\n", name, mode))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var specs []sim.GPUSpec
-	for _, m := range models {
-		specs = append(specs, sim.GPUSpec{Model: m})
-	}
-	s, err := sim.New(sim.Options{Seed: name}, specs...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Init(); err != nil {
-		t.Fatal(err)
-	}
-	res, err := inventory.Discover(context.Background(), s, cfg, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := api.EncodeInventory(res.GPUs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	count := 0
-	for _, g := range res.GPUs {
-		count += g.Count
-	}
-	resources := v1.ResourceList{
-		v1.ResourceCPU: resource.MustParse("32"), v1.ResourceMemory: resource.MustParse("256Gi"), v1.ResourcePods: resource.MustParse("110"),
-		api.ResourceCount: *resource.NewQuantity(int64(count), resource.DecimalSI),
-	}
-	now := metav1.Now()
-	return &v1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name},
-			Annotations: map[string]string{api.NodeInventoryAnnotation: raw}},
-		Status: v1.NodeStatus{
-			Capacity: resources, Allocatable: resources,
-			Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady",
-				LastHeartbeatTime: now, LastTransitionTime: now}},
-		},
-	}
+	return fixture.Node(t, name, mode, models...)
 }
 
 // gpuPod is a pod of the test's namespace for dynamig-scheduler whose containers ask for

@@ -1,7 +1,6 @@
 package placement
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -10,8 +9,7 @@ import (
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
-	"github.com/dynamig/dynamig/deviceplugin/inventory"
-	"github.com/dynamig/dynamig/nvml/sim"
+	"github.com/dynamig/dynamig/test/fixture"
 )
 
 var defaultOpts = Options{MIGPolicy: api.PolicyBinpack, HAMiCorePolicy: api.PolicySpread, FragmentationAware: true}
@@ -35,28 +33,10 @@ func inventoryOf(t testing.TB, mode, allow string, models ...string) []GPU {
 			}
 		}
 	}
-	cfg, err := config.ParseDeviceConfig([]byte(doc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var specs []sim.GPUSpec
-	for _, m := range models {
-		specs = append(specs, sim.GPUSpec{Model: m})
-	}
-	s, err := sim.New(sim.Options{Seed: "n"}, specs...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Init(); err != nil {
-		t.Fatal(err)
-	}
-	res, err := inventory.Discover(context.Background(), s, cfg, "n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus := make([]GPU, len(res.GPUs))
-	for i := range res.GPUs {
-		gpus[i].Info = res.GPUs[i]
+	inv := fixture.Inventory(t, "n", doc, models...)
+	gpus := make([]GPU, len(inv))
+	for i := range inv {
+		gpus[i].Info = inv[i]
 	}
 	return gpus
 }
