@@ -163,7 +163,7 @@ func (a *Allocator) checkUnambiguous(ctx context.Context, holder *v1.Pod) error 
 	}
 	for i := range list.Items {
 		p := &list.Items[i]
-		if p.UID == holder.UID || !hasReservation(p) || ended(p) {
+		if p.UID == holder.UID || p.Spec.NodeName != a.opts.NodeName || !hasReservation(p) || ended(p) {
 			continue
 		}
 		if p.Annotations[api.BindPhaseAnnotation] == api.BindPhaseAllocating {
@@ -285,9 +285,13 @@ func (a *Allocator) realiseOne(ctx context.Context, pod *v1.Pod, r api.MigReserv
 	}
 	defer unlock()
 	// Idempotent: an instance this plugin already made for this pod, container and device.
-	if e, ok := a.opts.Checkpoint.Get(key); ok && e.State == checkpoint.Created {
-		if in, found := a.find(r.GPUUUID, e); found {
-			return made{Instance: in, containerIndex: r.ContainerIndex, deviceIndex: r.DeviceIndex}, nil
+	if e, ok := a.opts.Checkpoint.Get(key); ok {
+		if e.State == checkpoint.Created {
+			if in, found := a.find(r.GPUUUID, e); found {
+				return made{Instance: in, containerIndex: r.ContainerIndex, deviceIndex: r.DeviceIndex}, nil
+			}
+		} else if err := a.finishIntent(ctx, e); err != nil {
+			return made{}, err
 		}
 	}
 	if err := a.clearPlacement(ctx, pod, r); err != nil {
@@ -309,6 +313,15 @@ func (a *Allocator) realiseOne(ctx context.Context, pod *v1.Pod, r api.MigReserv
 		return made{}, fmt.Errorf("recording the created instance: %w", err)
 	}
 	return made{Instance: in, containerIndex: r.ContainerIndex, deviceIndex: r.DeviceIndex, created: true}, nil
+}
+
+// finishIntent clears what a create interrupted (a crash between intent and result) left
+// at the intent's placement, so the create can start afresh, and forgets the intent.
+func (a *Allocator) finishIntent(ctx context.Context, e checkpoint.Entry) error {
+	if err := a.destroyAt(ctx, e); err != nil {
+		return fmt.Errorf("clearing an interrupted create at %s on %s: %w", e.Placement, e.GPUUUID, err)
+	}
+	return a.opts.Checkpoint.Remove(e.Key)
 }
 
 // find looks the checkpoint's instance up in NVML by its complete identity.

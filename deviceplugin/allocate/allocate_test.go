@@ -364,3 +364,29 @@ func TestSecondDeviceFailureRollsBackTheFirst(t *testing.T) {
 		t.Errorf("the first device must be rolled back and the foreign instance left alone: %+v", gis)
 	}
 }
+
+// TestInterruptedCreateIsRedone: the plugin died after recording the intent and creating
+// the GI, before the CI; the next Allocate clears the half-made GI and creates afresh.
+func TestInterruptedCreateIsRedone(t *testing.T) {
+	e := newEnv(t)
+	p := e.pod("p", pls(at(4, 4)))
+	e.handOff(p)
+	key := checkpoint.Key{PodUID: string(p.UID), ContainerIndex: 0, DeviceIndex: 0}
+	if err := e.cp.Put(checkpoint.Entry{Key: key, PodNamespace: "default", PodName: "p", GPUUUID: e.gpu, Profile: "3g.20gb", Placement: at(4, 4), State: checkpoint.Intent}); err != nil {
+		t.Fatal(err)
+	}
+	dev, _ := e.sim.DeviceByIndex(0)
+	if _, err := dev.CreateGpuInstanceWithPlacement(9, at(4, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.allocate(1); err != nil {
+		t.Fatal(err)
+	}
+	gis := e.gis()
+	if len(gis) != 1 || len(gis[0].ComputeInstances) != 1 {
+		t.Errorf("want one complete instance: %+v", gis)
+	}
+	if got, _ := e.cp.Get(key); got.State != checkpoint.Created {
+		t.Errorf("checkpoint: %+v", got)
+	}
+}

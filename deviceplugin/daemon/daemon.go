@@ -1,0 +1,225 @@
+// Package daemon runs the device plugin on one node: it publishes the inventory, renews
+// the heartbeat, serves kubelet's device-plugin API with Allocate realising the scheduler's
+// MIG reservations, and reclaims the instances of pods that ended.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/deviceplugin/allocate"
+	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
+	"github.com/dynamig/dynamig/deviceplugin/instances"
+	"github.com/dynamig/dynamig/deviceplugin/publish"
+	"github.com/dynamig/dynamig/deviceplugin/server"
+	"github.com/dynamig/dynamig/nvml"
+)
+
+// Options configure the daemon.
+type Options struct {
+	NodeName       string
+	Client         kubernetes.Interface
+	NVML           nvml.Interface
+	DeviceConfig   *config.DeviceConfig
+	SocketDir      string
+	CheckpointPath string // default <SocketDir>/dynamig.checkpoint
+	LeaseNamespace string
+	// Intervals; zero means the package defaults.
+	InventoryInterval, HeartbeatInterval, ReclaimInterval time.Duration
+	PreemptionWait                                        time.Duration
+}
+
+// Run runs until ctx ends.
+func Run(ctx context.Context, opts Options) error {
+	logger := klog.FromContext(ctx).WithValues("node", opts.NodeName)
+	ctx = klog.NewContext(ctx, logger)
+	if opts.NodeName == "" || opts.Client == nil || opts.NVML == nil || opts.DeviceConfig == nil {
+		return errors.New("daemon: NodeName, Client, NVML and DeviceConfig are required")
+	}
+	if opts.SocketDir == "" {
+		opts.SocketDir = pluginapi.DevicePluginPath
+	}
+	if opts.CheckpointPath == "" {
+		opts.CheckpointPath = filepath.Join(opts.SocketDir, "dynamig.checkpoint")
+	}
+	if opts.LeaseNamespace == "" {
+		opts.LeaseNamespace = api.DefaultSystemNamespace
+	}
+	opts.InventoryInterval = orDefault(opts.InventoryInterval, publish.DefaultInventoryInterval)
+	opts.HeartbeatInterval = orDefault(opts.HeartbeatInterval, publish.DefaultHeartbeatInterval)
+	opts.ReclaimInterval = orDefault(opts.ReclaimInterval, 30*time.Second)
+
+	mgr, err := instances.New(opts.NVML)
+	if err != nil {
+		return fmt.Errorf("indexing GPUs: %w", err)
+	}
+	cp, err := checkpoint.Open(opts.CheckpointPath)
+	if err != nil {
+		return err
+	}
+	alloc, err := allocate.New(allocate.Options{NodeName: opts.NodeName, Client: opts.Client, Names: opts.DeviceConfig.Nvidia.ResourceNames,
+		LeaseNamespace: opts.LeaseNamespace, Instances: mgr, Checkpoint: cp, PreemptionWait: opts.PreemptionWait})
+	if err != nil {
+		return err
+	}
+	pub := &publish.Publisher{Client: opts.Client, NodeName: opts.NodeName, NVML: opts.NVML, Config: opts.DeviceConfig}
+	devs := &deviceList{changed: make(chan struct{}, 1)}
+	res, _, err := pub.Publish(ctx)
+	if err != nil {
+		return err
+	}
+	devs.set(res.GPUs)
+	srv, err := server.New(server.Options{ResourceName: opts.DeviceConfig.Nvidia.ResourceCountName, SocketDir: opts.SocketDir,
+		Devices: devs.get, Changed: devs.changed, Allocator: alloc})
+	if err != nil {
+		return err
+	}
+	heartbeat := &publish.Heartbeat{Client: opts.Client, NodeName: opts.NodeName, Namespace: opts.LeaseNamespace, Duration: publish.DefaultHeartbeatDuration}
+
+	var wg sync.WaitGroup
+	run := func(f func()) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f() }()
+	}
+	run(func() {
+		publishLoop(ctx, pub, devs, opts.InventoryInterval)
+	})
+	run(func() { heartbeat.Run(ctx, opts.HeartbeatInterval) })
+	run(func() { reclaimLoop(ctx, opts, alloc) })
+	err = srv.Run(ctx)
+	wg.Wait()
+	return err
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+func publishLoop(ctx context.Context, pub *publish.Publisher, devs *deviceList, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, _, err := pub.Publish(ctx)
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "Inventory not published")
+			continue
+		}
+		devs.set(res.GPUs)
+	}
+}
+
+// reclaimLoop reclaims instances of ended pods periodically and whenever a pod on this
+// node is deleted or ends, as an informer on this node's pods reports it (no full LIST
+// every few seconds).
+func reclaimLoop(ctx context.Context, opts Options, alloc *allocate.Allocator) {
+	logger := klog.FromContext(ctx)
+	kick := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(opts.Client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", opts.NodeName).String()
+	}))
+	informer := factory.Core().V1().Pods().Informer()
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, obj any) {
+			if p, ok := obj.(*v1.Pod); ok && (p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed) {
+				poke()
+			}
+		},
+		DeleteFunc: func(any) { poke() },
+	}); err != nil {
+		logger.Error(err, "Watching pods")
+	}
+	factory.Start(ctx.Done())
+	t := time.NewTicker(opts.ReclaimInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			factory.Shutdown()
+			return
+		case <-t.C:
+		case <-kick:
+		}
+		if err := alloc.Reclaim(ctx); err != nil {
+			logger.Info("Reclaim skipped", "err", err)
+		}
+	}
+}
+
+// deviceList is what the plugin advertises: per GPU, as many devices as it can hold at
+// once (MIG: its most concurrent instances; hami-core: deviceSplitCount).
+type deviceList struct {
+	mu      sync.Mutex
+	devices []*pluginapi.Device
+	changed chan struct{}
+}
+
+func (d *deviceList) set(gpus []api.GPU) {
+	var out []*pluginapi.Device
+	for _, g := range gpus {
+		health := pluginapi.Healthy
+		if !g.Health {
+			health = pluginapi.Unhealthy
+		}
+		for i := 0; i < g.Count; i++ {
+			out = append(out, &pluginapi.Device{ID: g.ID + "::" + strconv.Itoa(i), Health: health})
+		}
+	}
+	d.mu.Lock()
+	same := equalDevices(d.devices, out)
+	d.devices = out
+	d.mu.Unlock()
+	if !same {
+		select {
+		case d.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (d *deviceList) get() []*pluginapi.Device {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.devices
+}
+
+func equalDevices(a, b []*pluginapi.Device) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].ID != b[i].ID || a[i].Health != b[i].Health {
+			return false
+		}
+	}
+	return true
+}
