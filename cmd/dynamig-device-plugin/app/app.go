@@ -56,7 +56,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newDiscoverCommand())
+	root.AddCommand(newDiscoverCommand(), newRunCommand())
 	return root
 }
 

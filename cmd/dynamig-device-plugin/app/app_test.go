@@ -36,6 +36,9 @@ func TestDiscoverExitCodes(t *testing.T) {
 		{"unknown flag", []string{"discover", "--bogus"}, 2, "unknown flag: --bogus"},
 		{"extra arg", []string{"discover", "now"}, 2, ""},
 		{"missing config", []string{"discover", "--nvml=sim", "--sim-gpus=A30", "--config=/nonexistent.yaml"}, 2, "/nonexistent.yaml"},
+		{"run outside a cluster", []string{"run", "--nvml=sim", "--sim-gpus=A30", "--node-name=n1"}, 2, "in-cluster configuration"},
+		{"run with a missing kubeconfig", []string{"run", "--nvml=sim", "--sim-gpus=A30", "--node-name=n1", "--kubeconfig=/nonexistent"}, 2, "/nonexistent"},
+		{"run with a bad model", []string{"run", "--nvml=sim", "--sim-gpus=B300", "--node-name=n1", "--kubeconfig=/nonexistent"}, 2, ""},
 		// No libnvidia-ml here: a runtime failure, exit 1, with a message that says what is missing.
 		{"real without library", []string{"discover"}, 1, "libnvidia-ml.so.1 not found"},
 	} {

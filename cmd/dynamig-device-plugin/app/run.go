@@ -1,0 +1,89 @@
+package app
+
+import (
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/deviceplugin/daemon"
+)
+
+type runOptions struct {
+	nvml           nvmlFlags
+	configFile     string
+	nodeName       string
+	kubeconfig     string
+	socketDir      string
+	checkpoint     string
+	leaseNamespace string
+}
+
+func newRunCommand() *cobra.Command {
+	o := &runOptions{}
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the device plugin on this node until SIGINT or SIGTERM",
+		Long: `Publishes the node's GPU inventory, renews its heartbeat Lease, registers ` + api.ResourceCount + ` with
+kubelet, realises the scheduler's MIG reservations when kubelet calls Allocate, and reclaims the
+instances of pods that ended.`,
+		Example: `  dynamig-device-plugin run --node-name "$NODE_NAME" --config /etc/dynamig/device-config.yaml
+  dynamig-device-plugin run --nvml=sim --sim-gpus=A100-40GB:2 --kubeconfig kubeconfig --kubelet-socket-dir /tmp/dp --node-name n1`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
+	}
+	o.nvml.register(cmd)
+	f := cmd.Flags()
+	f.StringVar(&o.configFile, "config", "", "device-config.yaml (HAMi's device ConfigMap content); default: HAMi v2.10's defaults")
+	f.StringVar(&o.nodeName, "node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the host name)")
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; default: the in-cluster configuration")
+	f.StringVar(&o.socketDir, "kubelet-socket-dir", pluginapi.DevicePluginPath, "kubelet's device-plugin socket directory")
+	f.StringVar(&o.checkpoint, "checkpoint", "", "the plugin's checkpoint file (default: dynamig.checkpoint in --kubelet-socket-dir)")
+	f.StringVar(&o.leaseNamespace, "lease-namespace", api.DefaultSystemNamespace, "namespace of the hand-off and heartbeat Leases")
+	return cmd
+}
+
+func (o *runOptions) run(cmd *cobra.Command) error {
+	if o.nodeName == "" {
+		return usagef("--node-name is required (or NODE_NAME)")
+	}
+	cfg, err := config.LoadDeviceConfig(o.configFile)
+	if err != nil {
+		return usageError{err}
+	}
+	restConfig, err := o.restConfig()
+	if err != nil {
+		return usageError{err}
+	}
+	client, err := kubernetes.NewForConfig(restConfig)
+	if err != nil {
+		return err
+	}
+	lib, err := o.nvml.open(o.nodeName)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = lib.Shutdown() }()
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	logger := klog.FromContext(ctx)
+	for _, w := range cfg.Warnings {
+		logger.Info("Device config warning", "warning", w)
+	}
+	return daemon.Run(ctx, daemon.Options{NodeName: o.nodeName, Client: client, NVML: lib, DeviceConfig: cfg,
+		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, LeaseNamespace: o.leaseNamespace})
+}
+
+func (o *runOptions) restConfig() (*rest.Config, error) {
+	if o.kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	}
+	return rest.InClusterConfig()
+}
