@@ -137,6 +137,9 @@ func (e *Entry) validate() error {
 	return nil
 }
 
+// Path is the checkpoint's file.
+func (c *Checkpoint) Path() string { return c.path }
+
 // Put records an entry (an intent or a result) and writes the file.
 func (c *Checkpoint) Put(e Entry) error {
 	if err := e.validate(); err != nil {

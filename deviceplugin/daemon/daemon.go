@@ -43,6 +43,9 @@ type Options struct {
 	// Intervals; zero means the package defaults.
 	InventoryInterval, HeartbeatInterval, ReclaimInterval time.Duration
 	PreemptionWait                                        time.Duration
+	// ReclaimUnknownInstances lets restart recovery destroy idle instances that dynamig did
+	// not create (operators opt in; by default they are only reported).
+	ReclaimUnknownInstances bool
 }
 
 // Run runs until ctx ends.
@@ -77,6 +80,10 @@ func Run(ctx context.Context, opts Options) error {
 		LeaseNamespace: opts.LeaseNamespace, Instances: mgr, Checkpoint: cp, PreemptionWait: opts.PreemptionWait})
 	if err != nil {
 		return err
+	}
+	// Recovery first: kubelet is not served until our instances are known.
+	if _, err := alloc.Recover(ctx, opts.ReclaimUnknownInstances); err != nil {
+		logger.Error(err, "Restart recovery incomplete; continuing without destroying anything it could not verify")
 	}
 	pub := &publish.Publisher{Client: opts.Client, NodeName: opts.NodeName, NVML: opts.NVML, Config: opts.DeviceConfig}
 	devs := &deviceList{changed: make(chan struct{}, 1)}

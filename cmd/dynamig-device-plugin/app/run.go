@@ -24,6 +24,7 @@ type runOptions struct {
 	socketDir      string
 	checkpoint     string
 	leaseNamespace string
+	reclaimUnknown bool
 }
 
 func newRunCommand() *cobra.Command {
@@ -47,6 +48,7 @@ instances of pods that ended.`,
 	f.StringVar(&o.socketDir, "kubelet-socket-dir", pluginapi.DevicePluginPath, "kubelet's device-plugin socket directory")
 	f.StringVar(&o.checkpoint, "checkpoint", "", "the plugin's checkpoint file (default: dynamig.checkpoint in --kubelet-socket-dir)")
 	f.StringVar(&o.leaseNamespace, "lease-namespace", api.DefaultSystemNamespace, "namespace of the hand-off and heartbeat Leases")
+	f.BoolVar(&o.reclaimUnknown, "reclaim-unknown-instances", false, "at start, destroy idle MIG instances that dynamig did not create (default: report them and leave them)")
 	return cmd
 }
 
@@ -78,7 +80,7 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 		logger.Info("Device config warning", "warning", w)
 	}
 	return daemon.Run(ctx, daemon.Options{NodeName: o.nodeName, Client: client, NVML: lib, DeviceConfig: cfg,
-		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, LeaseNamespace: o.leaseNamespace})
+		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown})
 }
 
 func (o *runOptions) restConfig() (*rest.Config, error) {

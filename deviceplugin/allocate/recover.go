@@ -1,0 +1,236 @@
+package allocate
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
+	"github.com/dynamig/dynamig/deviceplugin/instances"
+)
+
+// Report is what restart recovery found and did.
+type Report struct {
+	// Adopted instances are ours (checkpoint or a pod's reservation names their complete
+	// identity) and stay.
+	Adopted []instances.Instance
+	// Reclaimed instances belonged to pods that ended; RolledBack ones were half made.
+	Reclaimed, RolledBack []instances.Instance
+	// Unknown instances are in neither the checkpoint nor any reservation; they are left
+	// alone unless reclaimUnknown is set and they carry no process.
+	Unknown []instances.Instance
+	// Lost lists checkpoint entries whose instance NVML no longer has.
+	Lost []checkpoint.Entry
+	// Legacy lists HAMi template/slot identities (GPU-UUID[template-slot]) seen on pods.
+	Legacy []string
+	// Kept explains instances left in place that recovery would otherwise have removed.
+	Kept []string
+}
+
+// legacyIdentity matches HAMi's pre-v2.10 MIG identities, GPU-UUID[template-slot].
+var legacyIdentity = regexp.MustCompile(`GPU-[0-9a-fA-F-]+\[\d+-\d+\]`)
+
+// Recover runs once at start, before kubelet is served. It combines the checkpoint, the
+// reservations of this node's pods (one complete LIST) and NVML: it adopts instances whose
+// complete runtime identity matches, finishes or rolls back what the checkpoint shows half
+// done, reclaims our instances whose pods ended, and reports the rest. It never destroys an
+// instance that carries a process or that a reservation names; when the pods cannot be
+// listed it only reports.
+func (a *Allocator) Recover(ctx context.Context, reclaimUnknown bool) (Report, error) {
+	logger := klog.FromContext(ctx)
+	var rep Report
+	list, listErr := a.opts.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + a.opts.NodeName})
+	destructive := listErr == nil
+	if listErr != nil {
+		logger.Error(listErr, "Cannot list this node's pods: recovery only reports, destroys nothing")
+	}
+	named := map[string]api.MigReservation{} // by migUUID: instances a reservation names
+	active := map[string]*v1.Pod{}           // by UID: pods that have not ended
+	legacyGPUs := map[string]bool{}
+	if list != nil {
+		for i := range list.Items {
+			p := &list.Items[i]
+			if p.Spec.NodeName != a.opts.NodeName {
+				continue
+			}
+			if !ended(p) {
+				active[string(p.UID)] = p
+			}
+			for _, raw := range []string{p.Annotations[api.DevicesAllocatedAnnotation], p.Annotations[api.DevicesToAllocateAnnotation]} {
+				for _, id := range legacyIdentity.FindAllString(raw, -1) {
+					rep.Legacy = append(rep.Legacy, fmt.Sprintf("%s/%s: %s", p.Namespace, p.Name, id))
+					legacyGPUs[id[:strings.IndexByte(id, '[')]] = true
+				}
+			}
+			raw, ok := p.Annotations[api.MigReservationsAnnotation]
+			if !ok {
+				continue
+			}
+			recs, err := api.DecodeMigReservations(raw)
+			if err != nil {
+				logger.Error(err, "Unreadable reservation: recovery destroys nothing", "pod", klog.KObj(p))
+				destructive = false
+				continue
+			}
+			for _, r := range recs {
+				if r.Realized() && !ended(p) {
+					named[r.MigUUID] = r
+				}
+			}
+		}
+	}
+
+	for _, gpu := range a.opts.Instances.GPUs() {
+		unlock, err := a.opts.Instances.Lock(gpu)
+		if err != nil {
+			return rep, err
+		}
+		err = a.recoverGPU(ctx, gpu, &rep, named, active, destructive, reclaimUnknown && !legacyGPUs[gpu])
+		unlock()
+		if err != nil {
+			return rep, err
+		}
+	}
+	logger.Info("Recovered MIG instances", "adopted", len(rep.Adopted), "reclaimed", len(rep.Reclaimed), "rolledBack", len(rep.RolledBack),
+		"unknown", len(rep.Unknown), "lost", len(rep.Lost), "legacy", len(rep.Legacy))
+	for _, in := range rep.Unknown {
+		logger.Info("MIG instance not created by dynamig: left alone", "gpu", in.GPUUUID, "profile", in.Profile, "placement", in.Placement.String(), "gpuInstanceID", in.GPUInstanceID, "processes", len(in.Processes))
+	}
+	for _, l := range rep.Legacy {
+		logger.Info("HAMi template/slot identity: reported, not adopted, not destroyed", "identity", l)
+	}
+	return rep, listErr
+}
+
+func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, named map[string]api.MigReservation, active map[string]*v1.Pod, destructive, reclaimUnknown bool) error {
+	present, err := a.opts.Instances.List(gpu)
+	if err != nil {
+		return err
+	}
+	claimed := map[int]bool{} // GI ids accounted for
+	destroy := func(in instances.Instance, into *[]instances.Instance, why string) error {
+		switch {
+		case len(in.Processes) > 0:
+			rep.Kept = append(rep.Kept, fmt.Sprintf("GPU instance %d on %s (%s) carries processes %v: kept", in.GPUInstanceID, gpu, why, in.Processes))
+			return nil
+		case in.MigUUID != "" && named[in.MigUUID].MigUUID != "":
+			rep.Kept = append(rep.Kept, fmt.Sprintf("GPU instance %d on %s (%s) is named by a reservation: kept", in.GPUInstanceID, gpu, why))
+			return nil
+		case !destructive:
+			rep.Kept = append(rep.Kept, fmt.Sprintf("GPU instance %d on %s (%s): the API could not be read completely, kept", in.GPUInstanceID, gpu, why))
+			return nil
+		}
+		if err := a.opts.Instances.Destroy(ctx, gpu, in.GPUInstanceID); err != nil {
+			return err
+		}
+		*into = append(*into, in)
+		return nil
+	}
+	for _, e := range a.opts.Checkpoint.Entries() {
+		if e.GPUUUID != gpu {
+			continue
+		}
+		var match *instances.Instance
+		for i := range present {
+			in := &present[i]
+			if in.Placement == e.Placement && in.Profile == e.Profile && (e.State == checkpoint.Intent || in.GPUInstanceID == e.GPUInstanceID) {
+				match = in
+			}
+		}
+		_, alive := active[e.PodUID]
+		switch {
+		case match == nil:
+			if e.State == checkpoint.Created {
+				rep.Lost = append(rep.Lost, e)
+			}
+			if err := a.opts.Checkpoint.Remove(e.Key); err != nil {
+				return err
+			}
+		case !alive:
+			claimed[match.GPUInstanceID] = true
+			if err := destroy(*match, &rep.Reclaimed, "its pod ended"); err != nil {
+				return err
+			}
+			if destructive && len(match.Processes) == 0 {
+				if err := a.opts.Checkpoint.Remove(e.Key); err != nil {
+					return err
+				}
+			}
+		case e.State == checkpoint.Intent && match.Complete && named[match.MigUUID].MigUUID != "":
+			// The create finished and the pod was told; only the result was not recorded.
+			claimed[match.GPUInstanceID] = true
+			e.State, e.GPUInstanceID, e.ComputeInstanceID, e.MigUUID = checkpoint.Created, match.GPUInstanceID, match.ComputeInstanceID, match.MigUUID
+			if err := a.opts.Checkpoint.Put(e); err != nil {
+				return err
+			}
+			rep.Adopted = append(rep.Adopted, *match)
+		case e.State == checkpoint.Intent:
+			// Half done and not handed to the pod: roll back; kubelet's Allocate retry or the
+			// next admission re-creates it.
+			claimed[match.GPUInstanceID] = true
+			if err := destroy(*match, &rep.RolledBack, "an interrupted create"); err != nil {
+				return err
+			}
+			if len(match.Processes) == 0 && destructive {
+				if err := a.opts.Checkpoint.Remove(e.Key); err != nil {
+					return err
+				}
+			}
+		case match.Complete && match.MigUUID == e.MigUUID && match.ComputeInstanceID == e.ComputeInstanceID:
+			claimed[match.GPUInstanceID] = true
+			rep.Adopted = append(rep.Adopted, *match)
+		default:
+			claimed[match.GPUInstanceID] = true
+			rep.Kept = append(rep.Kept, fmt.Sprintf("GPU instance %d on %s differs from the checkpoint (%s %s): kept for an operator", match.GPUInstanceID, gpu, e.Profile, e.Placement))
+		}
+	}
+	for _, in := range present {
+		if claimed[in.GPUInstanceID] {
+			continue
+		}
+		if r, ok := named[in.MigUUID]; ok && in.Complete && r.GPUUUID == gpu && r.Placement == in.Placement && r.Profile == in.Profile &&
+			*r.GPUInstanceID == uint32(in.GPUInstanceID) && *r.ComputeInstanceID == uint32(in.ComputeInstanceID) {
+			// A reservation names it with its complete identity: ours (the checkpoint was lost).
+			if p := podOf(active, r); p != nil {
+				e := checkpoint.Entry{Key: checkpoint.Key{PodUID: string(p.UID), ContainerIndex: r.ContainerIndex, DeviceIndex: r.DeviceIndex},
+					PodNamespace: p.Namespace, PodName: p.Name, GPUUUID: gpu, Profile: in.Profile, Placement: in.Placement,
+					State: checkpoint.Created, GPUInstanceID: in.GPUInstanceID, ComputeInstanceID: in.ComputeInstanceID, MigUUID: in.MigUUID}
+				if err := a.opts.Checkpoint.Put(e); err != nil {
+					return err
+				}
+			}
+			rep.Adopted = append(rep.Adopted, in)
+			continue
+		}
+		rep.Unknown = append(rep.Unknown, in)
+		if reclaimUnknown && len(in.Processes) == 0 {
+			var gone []instances.Instance
+			if err := destroy(in, &gone, "not created by dynamig; --reclaim-unknown-instances"); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// podOf finds the active pod whose reservation r is.
+func podOf(active map[string]*v1.Pod, r api.MigReservation) *v1.Pod {
+	for _, p := range active {
+		recs, err := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
+		if err != nil {
+			continue
+		}
+		for _, x := range recs {
+			if x.MigUUID == r.MigUUID {
+				return p
+			}
+		}
+	}
+	return nil
+}
