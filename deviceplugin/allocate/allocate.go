@@ -40,6 +40,8 @@ type Options struct {
 	PreemptionWait time.Duration
 	// Poll is how often it looks again while waiting (default 500 ms).
 	Poll time.Duration
+	// HAMiCore configures shared (hami-core) GPUs.
+	HAMiCore HAMiCoreOptions
 }
 
 // Allocator serves kubelet's Allocate calls for MIG GPUs.
@@ -83,7 +85,10 @@ func (a *Allocator) Allocate(ctx context.Context, req *pluginapi.ContainerAlloca
 	}
 	raw, ok := holder.Annotations[api.MigReservationsAnnotation]
 	if !ok {
-		return nil, fmt.Errorf("pod %s/%s holds the hand-off Lease but carries no %s: nothing to create", holder.Namespace, holder.Name, api.MigReservationsAnnotation)
+		if _, core := holder.Annotations[api.DevicesToAllocateAnnotation]; core {
+			return a.allocateHAMiCore(ctx, lease, holder, req)
+		}
+		return nil, fmt.Errorf("pod %s/%s holds the hand-off Lease but carries neither %s nor %s: nothing to allocate", holder.Namespace, holder.Name, api.MigReservationsAnnotation, api.DevicesToAllocateAnnotation)
 	}
 	recs, err := api.DecodeMigReservations(raw)
 	if err != nil {

@@ -390,3 +390,53 @@ func TestInterruptedCreateIsRedone(t *testing.T) {
 		t.Errorf("checkpoint: %+v", got)
 	}
 }
+
+func TestHAMiCoreAllocate(t *testing.T) {
+	e := newEnv(t)
+	e.a.opts.HAMiCore = HAMiCoreOptions{HostDir: "/opt/hami", MemoryScaling: 1.5}
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "core", Namespace: "default", UID: "uid-core", Annotations: map[string]string{api.BindPhaseAnnotation: api.BindPhaseAllocating}},
+		Spec: v1.PodSpec{NodeName: node, InitContainers: []v1.Container{{Name: "init"}}, Containers: []v1.Container{
+			{Name: "a", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("2")}}},
+			{Name: "b", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("1")}}},
+		}}}
+	raw := api.EncodeHAMiCoreDevices([][]api.HAMiCoreDevice{nil,
+		{{UUID: "GPU-1", Type: "NVIDIA", MemoryMiB: 3000, Cores: 30}, {UUID: "GPU-2", Type: "NVIDIA", MemoryMiB: 3000, Cores: 30}},
+		{{UUID: "GPU-1", Type: "NVIDIA", MemoryMiB: 1000, Cores: 10}}})
+	p.Annotations[api.DevicesAllocatedAnnotation] = raw
+	p.Annotations[api.DevicesToAllocateAnnotation] = raw
+	if _, err := e.client.CoreV1().Pods("default").Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: api.HandoffLeaseName(node), Namespace: api.DefaultSystemNamespace,
+		Annotations: map[string]string{api.ReservationDigestAnnotation: api.ReservationDigest(raw)}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("default/core/uid-core")}}
+	e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Create(e.ctx, lease, metav1.CreateOptions{})
+	first, err := e.allocate(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-2", "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m", "CUDA_DEVICE_MEMORY_LIMIT_1": "3000m",
+		"CUDA_DEVICE_SM_LIMIT": "30", "CUDA_OVERSUBSCRIBE": "true"}
+	for k, v := range want {
+		if first.Envs[k] != v {
+			t.Errorf("%s=%q, want %q", k, first.Envs[k], v)
+		}
+	}
+	if len(first.Mounts) != 3 || first.Mounts[0].HostPath != "/opt/hami/libvgpu.so" {
+		t.Errorf("mounts: %+v", first.Mounts)
+	}
+	if got := e.get("core"); got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseAllocating {
+		t.Errorf("not done after the first container")
+	}
+	second, err := e.allocate(1)
+	if err != nil || second.Envs["NVIDIA_VISIBLE_DEVICES"] != "GPU-1" || second.Envs["CUDA_DEVICE_MEMORY_LIMIT_0"] != "1000m" {
+		t.Fatalf("second container: %+v %v", second, err)
+	}
+	got := e.get("core")
+	if got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseSuccess || got.Annotations[api.DevicesToAllocateAnnotation] != ";;;" {
+		t.Errorf("after the last container: %v", got.Annotations)
+	}
+	if len(e.gis()) != 0 {
+		t.Errorf("hami-core creates no MIG instance")
+	}
+}

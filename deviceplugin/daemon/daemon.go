@@ -46,6 +46,8 @@ type Options struct {
 	// ReclaimUnknownInstances lets restart recovery destroy idle instances that dynamig did
 	// not create (operators opt in; by default they are only reported).
 	ReclaimUnknownInstances bool
+	// HAMiCoreHostDir holds HAMi-core's libvgpu.so and ld.so.preload on the host.
+	HAMiCoreHostDir string
 }
 
 // Run runs until ctx ends.
@@ -77,7 +79,8 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	alloc, err := allocate.New(allocate.Options{NodeName: opts.NodeName, Client: opts.Client, Names: opts.DeviceConfig.Nvidia.ResourceNames,
-		LeaseNamespace: opts.LeaseNamespace, Instances: mgr, Checkpoint: cp, PreemptionWait: opts.PreemptionWait})
+		LeaseNamespace: opts.LeaseNamespace, Instances: mgr, Checkpoint: cp, PreemptionWait: opts.PreemptionWait,
+		HAMiCore: allocate.HAMiCoreOptions{HostDir: opts.HAMiCoreHostDir, MemoryScaling: memoryScaling(opts.DeviceConfig, opts.NodeName)}})
 	if err != nil {
 		return err
 	}
@@ -112,6 +115,14 @@ func Run(ctx context.Context, opts Options) error {
 	err = srv.Run(ctx)
 	wg.Wait()
 	return err
+}
+
+// memoryScaling is the node's deviceMemoryScaling (nodeconfig first, then the nvidia section).
+func memoryScaling(cfg *config.DeviceConfig, node string) float64 {
+	if n := cfg.Node(node); n.DeviceMemoryScaling != nil {
+		return *n.DeviceMemoryScaling
+	}
+	return cfg.Nvidia.DeviceMemoryScaling
 }
 
 func orDefault(d, def time.Duration) time.Duration {

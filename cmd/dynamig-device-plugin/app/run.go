@@ -25,6 +25,7 @@ type runOptions struct {
 	checkpoint     string
 	leaseNamespace string
 	reclaimUnknown bool
+	hamiCoreDir    string
 }
 
 func newRunCommand() *cobra.Command {
@@ -48,6 +49,7 @@ instances of pods that ended.`,
 	f.StringVar(&o.socketDir, "kubelet-socket-dir", pluginapi.DevicePluginPath, "kubelet's device-plugin socket directory")
 	f.StringVar(&o.checkpoint, "checkpoint", "", "the plugin's checkpoint file (default: dynamig.checkpoint in --kubelet-socket-dir)")
 	f.StringVar(&o.leaseNamespace, "lease-namespace", api.DefaultSystemNamespace, "namespace of the hand-off and heartbeat Leases")
+	f.StringVar(&o.hamiCoreDir, "hami-core-host-dir", "/usr/local/vgpu", "host directory with HAMi-core's libvgpu.so and ld.so.preload, mounted into hami-core containers")
 	f.BoolVar(&o.reclaimUnknown, "reclaim-unknown-instances", false, "at start, destroy idle MIG instances that dynamig did not create (default: report them and leave them)")
 	return cmd
 }
@@ -80,7 +82,7 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 		logger.Info("Device config warning", "warning", w)
 	}
 	return daemon.Run(ctx, daemon.Options{NodeName: o.nodeName, Client: client, NVML: lib, DeviceConfig: cfg,
-		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown})
+		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown, HAMiCoreHostDir: o.hamiCoreDir})
 }
 
 func (o *runOptions) restConfig() (*rest.Config, error) {
