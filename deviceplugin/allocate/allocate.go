@@ -25,6 +25,7 @@ import (
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
 	"github.com/dynamig/dynamig/deviceplugin/instances"
+	"github.com/dynamig/dynamig/deviceplugin/metrics"
 )
 
 // Options configure an Allocator.
@@ -72,16 +73,50 @@ func New(opts Options) (*Allocator, error) {
 	return &Allocator{opts: opts}, nil
 }
 
+// Failure reasons of Allocate, the label of its error metric.
+const (
+	reasonAttribution = "attribution" // whose call it is cannot be told
+	reasonTampered    = "tampered"
+	reasonCreate      = "create"
+	reasonWriteBack   = "write_back"
+)
+
+// reasonError carries a metric reason with an error.
+type reasonError struct {
+	reason string
+	err    error
+}
+
+func (e *reasonError) Error() string { return e.err.Error() }
+func (e *reasonError) Unwrap() error { return e.err }
+
+func because(reason string, err error) error { return &reasonError{reason: reason, err: err} }
+
 // Allocate realises the reservations of the hand-off holder's next GPU container.
 func (a *Allocator) Allocate(ctx context.Context, req *pluginapi.ContainerAllocateRequest) (*pluginapi.ContainerAllocateResponse, error) {
+	start := time.Now()
+	resp, err := a.allocate(ctx, req)
+	reason := ""
+	if err != nil {
+		reason = "other"
+		var re *reasonError
+		if errors.As(err, &re) {
+			reason = re.reason
+		}
+	}
+	metrics.ObserveAllocate(start, reason)
+	return resp, err
+}
+
+func (a *Allocator) allocate(ctx context.Context, req *pluginapi.ContainerAllocateRequest) (*pluginapi.ContainerAllocateResponse, error) {
 	lease, holder, err := a.holder(ctx)
 	if err != nil {
-		return nil, err
+		return nil, because(reasonAttribution, err)
 	}
 	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(holder))
 	ctx = klog.NewContext(ctx, logger)
 	if err := a.checkUnambiguous(ctx, holder); err != nil {
-		return nil, err
+		return nil, because(reasonAttribution, err)
 	}
 	raw, ok := holder.Annotations[api.MigReservationsAnnotation]
 	if !ok {
@@ -95,21 +130,21 @@ func (a *Allocator) Allocate(ctx context.Context, req *pluginapi.ContainerAlloca
 		return nil, fmt.Errorf("pod %s/%s: %w", holder.Namespace, holder.Name, err)
 	}
 	if err := checkDigest(lease, recs); err != nil {
-		return nil, fmt.Errorf("pod %s/%s: %w", holder.Namespace, holder.Name, err)
+		return nil, because(reasonTampered, fmt.Errorf("pod %s/%s: %w", holder.Namespace, holder.Name, err))
 	}
 	gpuContainers := a.gpuContainers(holder)
 	idx, last := nextContainer(gpuContainers, recs)
 	if idx < 0 {
-		return nil, fmt.Errorf("pod %s/%s: every GPU container is already realised; this Allocate call belongs to no container of the hand-off holder", holder.Namespace, holder.Name)
+		return nil, because(reasonAttribution, fmt.Errorf("pod %s/%s: every GPU container is already realised; this Allocate call belongs to no container of the hand-off holder", holder.Namespace, holder.Name))
 	}
 	mine := containerReservations(recs, idx)
 	if len(mine) != len(req.DevicesIds) {
-		return nil, fmt.Errorf("pod %s/%s container %d has %d MIG reservations but kubelet asks for %d devices: refusing an Allocate that cannot be attributed", holder.Namespace, holder.Name, idx, len(mine), len(req.DevicesIds))
+		return nil, because(reasonAttribution, fmt.Errorf("pod %s/%s container %d has %d MIG reservations but kubelet asks for %d devices: refusing an Allocate that cannot be attributed", holder.Namespace, holder.Name, idx, len(mine), len(req.DevicesIds)))
 	}
 	made, err := a.realise(ctx, holder, mine)
 	if err != nil {
 		a.failed(ctx, holder, err)
-		return nil, err
+		return nil, because(reasonCreate, err)
 	}
 	for _, in := range made {
 		for i := range recs {
@@ -119,7 +154,7 @@ func (a *Allocator) Allocate(ctx context.Context, req *pluginapi.ContainerAlloca
 		}
 	}
 	if err := a.writeBack(ctx, holder, recs, last); err != nil {
-		return nil, err
+		return nil, because(reasonWriteBack, err)
 	}
 	if last {
 		a.releaseLease(ctx, lease)

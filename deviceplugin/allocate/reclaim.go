@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
+	"github.com/dynamig/dynamig/deviceplugin/metrics"
 )
 
 // Reclaim destroys, on every GPU, this plugin's instances whose pods ended. It is what the
@@ -60,6 +61,7 @@ func (a *Allocator) reclaimLocked(ctx context.Context, gpu string) error {
 		if err := a.opts.Checkpoint.Remove(e.Key); err != nil {
 			return err
 		}
+		metrics.ObserveActions("reclaimed", 1)
 		logger.V(2).Info("Reclaimed the MIG instance of an ended pod", "pod", e.PodNamespace+"/"+e.PodName, "gpu", gpu, "placement", e.Placement.String())
 	}
 	return nil

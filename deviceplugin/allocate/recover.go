@@ -13,6 +13,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
 	"github.com/dynamig/dynamig/deviceplugin/instances"
+	"github.com/dynamig/dynamig/deviceplugin/metrics"
 )
 
 // Report is what restart recovery found and did.
@@ -96,6 +97,10 @@ func (a *Allocator) Recover(ctx context.Context, reclaimUnknown bool) (Report, e
 		if err != nil {
 			return rep, err
 		}
+	}
+	for action, n := range map[string]int{"adopted": len(rep.Adopted), "reclaimed": len(rep.Reclaimed), "rolled_back": len(rep.RolledBack),
+		"unknown": len(rep.Unknown), "lost": len(rep.Lost), "kept": len(rep.Kept)} {
+		metrics.ObserveActions(action, n)
 	}
 	logger.Info("Recovered MIG instances", "adopted", len(rep.Adopted), "reclaimed", len(rep.Reclaimed), "rolledBack", len(rep.RolledBack),
 		"unknown", len(rep.Unknown), "lost", len(rep.Lost), "legacy", len(rep.Legacy))

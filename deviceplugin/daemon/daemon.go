@@ -26,6 +26,7 @@ import (
 	"github.com/dynamig/dynamig/deviceplugin/allocate"
 	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
 	"github.com/dynamig/dynamig/deviceplugin/instances"
+	"github.com/dynamig/dynamig/deviceplugin/metrics"
 	"github.com/dynamig/dynamig/deviceplugin/publish"
 	"github.com/dynamig/dynamig/deviceplugin/server"
 	"github.com/dynamig/dynamig/nvml"
@@ -84,6 +85,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	metrics.SetSource(&metrics.Source{Instances: mgr, Checkpoint: cp})
 	// Recovery first: kubelet is not served until our instances are known.
 	if _, err := alloc.Recover(ctx, opts.ReclaimUnknownInstances); err != nil {
 		logger.Error(err, "Restart recovery incomplete; continuing without destroying anything it could not verify")

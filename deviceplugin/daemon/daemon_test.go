@@ -16,8 +16,11 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
+	"github.com/prometheus/common/expfmt"
+
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/deviceplugin/metrics"
 	"github.com/dynamig/dynamig/nvml/sim"
 	"github.com/dynamig/dynamig/test/kubelet"
 )
@@ -109,6 +112,16 @@ func TestSeedExampleThroughKubelet(t *testing.T) {
 	realised, err := api.DecodeMigReservations(got.Annotations[api.MigReservationsAnnotation])
 	if err != nil || !realised[0].Realized() || !realised[1].Realized() || got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseSuccess {
 		t.Errorf("write-back: %v %v", got.Annotations, err)
+	}
+	// The metrics show the two instances with their pod, and the Allocate.
+	families, _ := metrics.Registry.Gather()
+	var text strings.Builder
+	for _, f := range families {
+		expfmt.MetricFamilyToText(&text, f)
+	}
+	if n := strings.Count(text.String(), `dynamig_mig_instance{`); n != 2 || !strings.Contains(text.String(), `pod_name="gpu-pod1"`) ||
+		!strings.Contains(text.String(), `dynamig_device_plugin_allocate_duration_seconds_count{result="ok"} 1`) {
+		t.Errorf("metrics:\n%s", text.String())
 	}
 	// Admitting again (a container restart) calls no Allocate and creates nothing.
 	if _, err := kl.Admit(ctx, pod); err != nil || len(s.Snapshot()[0].GpuInstances) != 2 {

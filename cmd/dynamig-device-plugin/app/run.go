@@ -1,8 +1,16 @@
 package app
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
 	"os/signal"
 	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
@@ -14,6 +22,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/deviceplugin/daemon"
+	"github.com/dynamig/dynamig/deviceplugin/metrics"
 )
 
 type runOptions struct {
@@ -26,6 +35,7 @@ type runOptions struct {
 	leaseNamespace string
 	reclaimUnknown bool
 	hamiCoreDir    string
+	metricsAddress string
 }
 
 func newRunCommand() *cobra.Command {
@@ -50,6 +60,7 @@ instances of pods that ended.`,
 	f.StringVar(&o.checkpoint, "checkpoint", "", "the plugin's checkpoint file (default: dynamig.checkpoint in --kubelet-socket-dir)")
 	f.StringVar(&o.leaseNamespace, "lease-namespace", api.DefaultSystemNamespace, "namespace of the hand-off and heartbeat Leases")
 	f.StringVar(&o.hamiCoreDir, "hami-core-host-dir", "/usr/local/vgpu", "host directory with HAMi-core's libvgpu.so and ld.so.preload, mounted into hami-core containers")
+	f.StringVar(&o.metricsAddress, "metrics-bind-address", ":9394", "where to serve /metrics (empty: nowhere)")
 	f.BoolVar(&o.reclaimUnknown, "reclaim-unknown-instances", false, "at start, destroy idle MIG instances that dynamig did not create (default: report them and leave them)")
 	return cmd
 }
@@ -78,6 +89,23 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	logger := klog.FromContext(ctx)
+	if o.metricsAddress != "" {
+		srv := &http.Server{Addr: o.metricsAddress, Handler: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
+		ln, err := net.Listen("tcp", o.metricsAddress)
+		if err != nil {
+			return fmt.Errorf("--metrics-bind-address %s: %w", o.metricsAddress, err)
+		}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				logger.Error(err, "Metrics listener stopped")
+			}
+		}()
+		defer func() {
+			shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(shutdown)
+		}()
+	}
 	for _, w := range cfg.Warnings {
 		logger.Info("Device config warning", "warning", w)
 	}

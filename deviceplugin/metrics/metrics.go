@@ -1,0 +1,109 @@
+// Package metrics holds the device plugin's metrics; cmd/dynamig-device-plugin serves
+// Registry on --metrics-bind-address.
+package metrics
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+
+	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
+	"github.com/dynamig/dynamig/deviceplugin/instances"
+)
+
+// Registry is process-wide, as metrics are.
+var Registry = prometheus.NewRegistry()
+
+var (
+	allocateDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "dynamig", Subsystem: "device_plugin", Name: "allocate_duration_seconds",
+		Help:    "Time per container Allocate, by result (ok or the failure reason).",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
+	}, []string{"result"})
+	allocateErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "dynamig", Subsystem: "device_plugin", Name: "allocate_errors_total",
+		Help: "Refused or failed Allocate calls, by reason.",
+	}, []string{"reason"})
+	recoveryActions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "dynamig", Subsystem: "device_plugin", Name: "instance_actions_total",
+		Help: "What reconcile and restart recovery did with MIG instances: reclaimed, rolled_back, adopted, unknown, lost, kept.",
+	}, []string{"action"})
+	instanceDesc = prometheus.NewDesc("dynamig_mig_instance",
+		"A MIG instance as NVML reports it, with the pod it was made for (empty when dynamig did not make it).",
+		[]string{"gpu_uuid", "profile", "placement_start", "placement_size", "gpu_instance_id", "compute_instance_id", "pod_namespace", "pod_name"}, nil)
+)
+
+// Source is where the instance metric reads from.
+type Source struct {
+	Instances  *instances.Manager
+	Checkpoint *checkpoint.Checkpoint
+}
+
+type collector struct {
+	mu  sync.Mutex
+	src *Source
+}
+
+var instanceCollector = &collector{}
+
+func init() {
+	Registry.MustRegister(allocateDuration, allocateErrors, recoveryActions, instanceCollector)
+}
+
+// SetSource points the instance metric at the running plugin's state.
+func SetSource(s *Source) {
+	instanceCollector.mu.Lock()
+	defer instanceCollector.mu.Unlock()
+	instanceCollector.src = s
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) { ch <- instanceDesc }
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	src := c.src
+	c.mu.Unlock()
+	if src == nil {
+		return
+	}
+	owners := map[string]checkpoint.Entry{} // by MIG UUID
+	for _, e := range src.Checkpoint.Entries() {
+		if e.State == checkpoint.Created {
+			owners[e.MigUUID] = e
+		}
+	}
+	for _, gpu := range src.Instances.GPUs() {
+		list, err := src.Instances.List(gpu)
+		if err != nil {
+			klog.Background().Error(err, "Listing MIG instances for metrics", "gpu", gpu)
+			continue
+		}
+		for _, in := range list {
+			owner := owners[in.MigUUID]
+			ch <- prometheus.MustNewConstMetric(instanceDesc, prometheus.GaugeValue, 1, gpu, in.Profile,
+				strconv.Itoa(in.Placement.Start), strconv.Itoa(in.Placement.Size),
+				strconv.Itoa(in.GPUInstanceID), strconv.Itoa(in.ComputeInstanceID), owner.PodNamespace, owner.PodName)
+		}
+	}
+}
+
+// ObserveAllocate records one Allocate: reason "" is success.
+func ObserveAllocate(start time.Time, reason string) {
+	result := reason
+	if reason == "" {
+		result = "ok"
+	} else {
+		allocateErrors.WithLabelValues(reason).Inc()
+	}
+	allocateDuration.WithLabelValues(result).Observe(time.Since(start).Seconds())
+}
+
+// ObserveActions counts instance actions.
+func ObserveActions(action string, n int) {
+	if n > 0 {
+		recoveryActions.WithLabelValues(action).Add(float64(n))
+	}
+}
