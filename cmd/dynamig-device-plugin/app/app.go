@@ -32,9 +32,15 @@ func usagef(format string, args ...any) error {
 
 // Main runs the command line and returns the process exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
+	return MainContext(context.Background(), args, stdout, stderr)
+}
+
+// MainContext is Main ending when ctx does (besides SIGINT and SIGTERM), for running the
+// device plugin inside another process (the sandbox, end-to-end tests).
+func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRootCommand(stdout, stderr)
 	root.SetArgs(args)
-	cmd, err := root.ExecuteContextC(context.Background())
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return exitOK
 	}
