@@ -47,6 +47,9 @@ type Options struct {
 	// ReclaimUnknownInstances lets restart recovery destroy idle instances that dynamig did
 	// not create (operators opt in; by default they are only reported).
 	ReclaimUnknownInstances bool
+	// EnableMIGMode turns MIG mode on for GPUs of a mig node that have it off. Opt-in: the
+	// change may need a GPU reset to take effect, which the plugin never does.
+	EnableMIGMode bool
 	// HAMiCoreHostDir holds HAMi-core's libvgpu.so and ld.so.preload on the host.
 	HAMiCoreHostDir string
 }
@@ -71,6 +74,11 @@ func Run(ctx context.Context, opts Options) error {
 	opts.HeartbeatInterval = orDefault(opts.HeartbeatInterval, publish.DefaultHeartbeatInterval)
 	opts.ReclaimInterval = orDefault(opts.ReclaimInterval, 30*time.Second)
 
+	if opts.EnableMIGMode && opts.DeviceConfig.Node(opts.NodeName).OperatingMode == api.ModeMIG {
+		if err := enableMIGMode(ctx, opts.NVML); err != nil {
+			return err
+		}
+	}
 	mgr, err := instances.New(opts.NVML)
 	if err != nil {
 		return fmt.Errorf("indexing GPUs: %w", err)
@@ -117,6 +125,38 @@ func Run(ctx context.Context, opts Options) error {
 	err = srv.Run(ctx)
 	wg.Wait()
 	return err
+}
+
+// enableMIGMode asks for MIG mode on every GPU that has it off, and says which still need
+// a reset.
+func enableMIGMode(ctx context.Context, lib nvml.Interface) error {
+	logger := klog.FromContext(ctx)
+	n, err := lib.DeviceCount()
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		dev, err := lib.DeviceByIndex(i)
+		if err != nil {
+			return err
+		}
+		current, pending, err := dev.MigMode()
+		if err != nil || current {
+			continue
+		}
+		if !pending {
+			if err := dev.SetMigMode(true); err != nil {
+				logger.Error(err, "Enabling MIG mode", "gpu", i)
+				continue
+			}
+		}
+		if current, _, _ = dev.MigMode(); !current {
+			logger.Info("MIG mode is enabled but pending: the GPU needs a reset (drain it, then nvidia-smi -r)", "gpu", i)
+		} else {
+			logger.Info("Enabled MIG mode", "gpu", i)
+		}
+	}
+	return nil
 }
 
 // memoryScaling is the node's deviceMemoryScaling (nodeconfig first, then the nvidia section).

@@ -155,3 +155,19 @@ func TestSeedExampleThroughKubelet(t *testing.T) {
 		t.Error("daemon did not stop")
 	}
 }
+
+func TestEnableMIGMode(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	s, _ := sim.New(sim.Options{Seed: "n", MigModeNeedsReset: true}, sim.GPUSpec{Model: "A100-40GB", MigDisabled: true}, sim.GPUSpec{Model: "A100-40GB"})
+	s.Init()
+	if err := enableMIGMode(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	st := s.Snapshot()
+	if st[0].MigEnabled || !st[0].MigPending || !st[1].MigEnabled {
+		t.Fatalf("MIG mode must be pending a reset on GPU 0: %+v", st)
+	}
+	if err := s.ResetGPU(0); err != nil || !s.Snapshot()[0].MigEnabled {
+		t.Errorf("after the operator's reset MIG mode is on: %v", err)
+	}
+}

@@ -36,6 +36,7 @@ type runOptions struct {
 	reclaimUnknown bool
 	hamiCoreDir    string
 	metricsAddress string
+	enableMIGMode  bool
 }
 
 func newRunCommand() *cobra.Command {
@@ -61,6 +62,7 @@ instances of pods that ended.`,
 	f.StringVar(&o.leaseNamespace, "lease-namespace", api.DefaultSystemNamespace, "namespace of the hand-off and heartbeat Leases")
 	f.StringVar(&o.hamiCoreDir, "hami-core-host-dir", "/usr/local/vgpu", "host directory with HAMi-core's libvgpu.so and ld.so.preload, mounted into hami-core containers")
 	f.StringVar(&o.metricsAddress, "metrics-bind-address", ":9394", "where to serve /metrics (empty: nowhere)")
+	f.BoolVar(&o.enableMIGMode, "enable-mig-mode", false, "turn MIG mode on for GPUs of a mig node that have it off (it may need a GPU reset, which the plugin never does)")
 	f.BoolVar(&o.reclaimUnknown, "reclaim-unknown-instances", false, "at start, destroy idle MIG instances that dynamig did not create (default: report them and leave them)")
 	return cmd
 }
@@ -110,7 +112,7 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 		logger.Info("Device config warning", "warning", w)
 	}
 	return daemon.Run(ctx, daemon.Options{NodeName: o.nodeName, Client: client, NVML: lib, DeviceConfig: cfg,
-		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown, HAMiCoreHostDir: o.hamiCoreDir})
+		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown, HAMiCoreHostDir: o.hamiCoreDir, EnableMIGMode: o.enableMIGMode})
 }
 
 func (o *runOptions) restConfig() (*rest.Config, error) {
