@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/ptr"
 
 	"github.com/prometheus/common/expfmt"
@@ -170,4 +171,44 @@ func TestEnableMIGMode(t *testing.T) {
 	if err := s.ResetGPU(0); err != nil || !s.Snapshot()[0].MigEnabled {
 		t.Errorf("after the operator's reset MIG mode is on: %v", err)
 	}
+}
+
+func TestLostGPUIsUnhealthyInListAndWatch(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	dir, _ := os.MkdirTemp("", "dp")
+	defer os.RemoveAll(dir)
+	kl, err := kubelet.Start(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kl.Stop()
+	s, _ := sim.New(sim.Options{Seed: node}, sim.GPUSpec{Model: "A30"}, sim.GPUSpec{Model: "A30"})
+	s.Init()
+	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Options{NodeName: node, Client: client, NVML: s, DeviceConfig: config.DefaultDeviceConfig(), SocketDir: dir,
+			InventoryInterval: 50 * time.Millisecond, ReclaimInterval: time.Hour})
+	}()
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if err := kl.WaitForResource(wctx, api.ResourceCount, 8); err != nil {
+		t.Fatal(err)
+	}
+	s.LoseGPU(1)
+	if err := kl.WaitForDevices(wctx, api.ResourceCount, func(devs []*pluginapi.Device) bool {
+		unhealthy := 0
+		for _, d := range devs {
+			if d.Health == pluginapi.Unhealthy {
+				unhealthy++
+			}
+		}
+		return unhealthy == 1 && len(devs) == 5
+	}); err != nil {
+		t.Errorf("kubelet must see the lost GPU's device unhealthy: %v (%d devices)", err, len(kl.Devices(api.ResourceCount)))
+	}
+	cancel()
+	<-done
 }

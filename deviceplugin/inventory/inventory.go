@@ -24,9 +24,10 @@ type Result struct {
 	Findings []string
 }
 
-// Discover reads every GPU through NVML and builds the node's inventory. A GPU that cannot
-// be read is an error; a GPU that cannot do MIG on a mig node is published without
-// profiles, with a finding that says why.
+// Discover reads every GPU through NVML and builds the node's inventory. A library that
+// cannot be used is an error. A GPU that fails NVML's calls is published unhealthy (kubelet
+// then sees its devices unhealthy), and a GPU that cannot do MIG on a mig node without
+// profiles; each with a finding that says why.
 func Discover(ctx context.Context, lib nvml.Interface, cfg *config.DeviceConfig, nodeName string) (*Result, error) {
 	logger := klog.FromContext(ctx)
 	node := cfg.Node(nodeName)
@@ -40,29 +41,59 @@ func Discover(ctx context.Context, lib nvml.Interface, cfg *config.DeviceConfig,
 		if err != nil {
 			return nil, err
 		}
-		gpu, memoryMiB, err := describeDevice(dev)
+		uuid, err := dev.UUID()
 		if err != nil {
-			return nil, err
-		}
-		if node.FilterDevices.Excludes(gpu.ID, i) {
-			res.addFinding(logger, "GPU %d (%s) is excluded by nodeconfig %q filterdevices", i, gpu.ID, node.Name)
+			if libraryError(err) {
+				return nil, err
+			}
+			res.addFinding(logger, "GPU %d cannot be identified (%v): not published", i, err)
 			continue
 		}
-		mode, err := operatingMode(node.OperatingMode, dev)
-		if err != nil {
-			return nil, err
+		if node.FilterDevices.Excludes(uuid, i) {
+			res.addFinding(logger, "GPU %d (%s) is excluded by nodeconfig %q filterdevices", i, uuid, node.Name)
+			continue
 		}
-		if mode == api.ModeMIG {
-			err = res.describeMIG(logger, dev, &cfg.Nvidia, &gpu)
-		} else {
-			describeHAMiCore(&cfg.Nvidia, &node, &gpu, memoryMiB)
-		}
+		gpu, err := describe(logger, res, dev, cfg, &node)
 		if err != nil {
-			return nil, err
+			if libraryError(err) {
+				return nil, err
+			}
+			res.addFinding(logger, "GPU %d (%s) fails NVML calls (%v): published unhealthy", i, uuid, err)
+			gpu = api.GPU{ID: uuid, Index: uint(i), Mode: cmpOr(node.OperatingMode, api.ModeHAMiCore), Count: 1, Health: false}
 		}
 		res.GPUs = append(res.GPUs, gpu)
 	}
 	return res, nil
+}
+
+// describe reads one GPU in its mode.
+func describe(logger klog.Logger, res *Result, dev nvml.Device, cfg *config.DeviceConfig, node *config.NodeConfig) (api.GPU, error) {
+	gpu, memoryMiB, err := describeDevice(dev)
+	if err != nil {
+		return api.GPU{}, err
+	}
+	mode, err := operatingMode(node.OperatingMode, dev)
+	if err != nil {
+		return api.GPU{}, err
+	}
+	if mode == api.ModeMIG {
+		err = res.describeMIG(logger, dev, &cfg.Nvidia, &gpu)
+	} else {
+		describeHAMiCore(&cfg.Nvidia, node, &gpu, memoryMiB)
+	}
+	return gpu, err
+}
+
+// libraryError is a failure of NVML itself rather than of one GPU.
+func libraryError(err error) bool {
+	return nvml.IsCode(err, nvml.ErrorUninitialized) || nvml.IsCode(err, nvml.ErrorLibraryNotFound)
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }
 
 // operatingMode is the node's configured mode, or where none is configured the GPU's own:

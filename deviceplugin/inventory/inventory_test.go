@@ -163,3 +163,20 @@ func TestNVMLErrorsPropagate(t *testing.T) {
 		t.Errorf("got %v", err)
 	}
 }
+
+func TestLostGPUPublishedUnhealthy(t *testing.T) {
+	s, _ := sim.New(sim.Options{Seed: "n"}, sim.GPUSpec{Model: "A100-40GB"}, sim.GPUSpec{Model: "A100-40GB"})
+	s.Init()
+	s.LoseGPU(1)
+	res, err := Discover(context.Background(), s, config.DefaultDeviceConfig(), "n")
+	if err != nil {
+		t.Fatalf("one lost GPU must not fail discovery: %v", err)
+	}
+	if len(res.GPUs) != 2 || !res.GPUs[0].Health || res.GPUs[1].Health || res.GPUs[1].Count != 1 ||
+		len(res.Findings) != 1 || !strings.Contains(res.Findings[0], "GPU_IS_LOST") {
+		t.Fatalf("gpus %+v findings %v", res.GPUs, res.Findings)
+	}
+	if _, err := api.EncodeInventory(res.GPUs); err != nil {
+		t.Errorf("the inventory must stay valid: %v", err)
+	}
+}

@@ -36,6 +36,17 @@ func (g *gpuState) checkMig(op string) error {
 
 func (d *device) Index() int { return d.g.index }
 
+// check is checkInit plus a lost GPU; callers hold s.mu.
+func (d *device) check(op string) error {
+	if err := d.s.checkInit(op); err != nil {
+		return err
+	}
+	if d.g.lost {
+		return nvml.Errorf(nvml.ErrorGPUIsLost, op, "the GPU has fallen off the bus")
+	}
+	return nil
+}
+
 func (d *device) UUID() (string, error) {
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
@@ -48,7 +59,7 @@ func (d *device) UUID() (string, error) {
 func (d *device) Name() (string, error) {
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
-	if err := d.s.checkInit(d.op("Name")); err != nil {
+	if err := d.check(d.op("Name")); err != nil {
 		return "", err
 	}
 	return d.g.name, nil
@@ -57,7 +68,7 @@ func (d *device) Name() (string, error) {
 func (d *device) MemoryMiB() (int, error) {
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
-	if err := d.s.checkInit(d.op("MemoryMiB")); err != nil {
+	if err := d.check(d.op("MemoryMiB")); err != nil {
 		return 0, err
 	}
 	return d.g.model.MemoryMiB, nil
@@ -67,7 +78,7 @@ func (d *device) MemoryMiB() (int, error) {
 func (d *device) NumaNode() (int, error) {
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
-	if err := d.s.checkInit(d.op("NumaNode")); err != nil {
+	if err := d.check(d.op("NumaNode")); err != nil {
 		return 0, err
 	}
 	return 0, nil
@@ -76,7 +87,7 @@ func (d *device) NumaNode() (int, error) {
 func (d *device) MigMode() (current, pending bool, err error) {
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
-	if err := d.s.checkInit(d.op("MigMode")); err != nil {
+	if err := d.check(d.op("MigMode")); err != nil {
 		return false, false, err
 	}
 	return d.g.migCurrent, d.g.migPending, nil
@@ -321,7 +332,7 @@ func (d *device) GpuInstanceByID(id int) (nvml.GpuInstance, error) {
 func (d *device) MigDevices() ([]nvml.MigDevice, error) {
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
-	if err := d.s.checkInit(d.op("MigDevices")); err != nil {
+	if err := d.check(d.op("MigDevices")); err != nil {
 		return nil, err
 	}
 	var out []nvml.MigDevice

@@ -67,6 +67,8 @@ type gpuState struct {
 	lastGIID int
 	giIDPool int
 	faults   map[Op]nvml.Return
+	// lost makes every call on the GPU but UUID answer ERROR_GPU_IS_LOST (LoseGPU).
+	lost bool
 }
 
 type giState struct {
@@ -426,6 +428,21 @@ type ComputeInstanceState struct {
 	ID        int
 	MigUUID   string
 	Processes []int
+}
+
+// LoseGPU makes the GPU fall off the bus as far as NVML can tell: every call on it except
+// UUID answers ERROR_GPU_IS_LOST until RecoverGPU.
+func (s *Sim) LoseGPU(gpuIndex int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gpus[gpuIndex].lost = true
+}
+
+// RecoverGPU undoes LoseGPU.
+func (s *Sim) RecoverGPU(gpuIndex int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gpus[gpuIndex].lost = false
 }
 
 // Snapshot reports every GPU in index order, its GIs in id order, their CIs in id order and
