@@ -16,7 +16,7 @@ FUZZ_TARGETS := \
 	./api:FuzzDecodeMigReservations \
 	./api:FuzzDecodeHAMiCoreDevices \
 	./config:FuzzParseDeviceConfig \
-	./plugins/dynamicmig:FuzzParsePod \
+	./plugins/dynamicmig/request:FuzzParsePod \
 	./deviceplugin/checkpoint:FuzzDecode \
 	./nvml/sim:FuzzParseGPUList
 
@@ -48,7 +48,7 @@ lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@# api, config, nvml and the allocator must not link k8s.io/kubernetes (DESIGN.md).
-	@for p in ./api/... ./config/... ./nvml/... ./plugins/dynamicmig/placement/...; do \
+	@for p in ./api/... ./config/... ./nvml/... ./plugins/dynamicmig/placement/... ./plugins/dynamicmig/request/...; do \
 		if $(GO) list -deps -test $$p | grep -q '^k8s.io/kubernetes/'; then echo "$$p links k8s.io/kubernetes"; exit 1; fi; \
 	done
 

@@ -12,12 +12,13 @@ import (
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/request"
 )
 
 // SignPod lets pods without GPU requests keep the scheduler's batching; GPU pods are never
 // batched, since each one changes the occupancy the next one sees.
 func (pl *DynamicMIG) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragment, *fwk.Status) {
-	req, err := parsePod(pod, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
+	req, err := request.Parse(pod, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
 	if err != nil || req != nil {
 		return nil, fwk.NewStatus(fwk.Unschedulable, "pods that ask for GPUs are not signable")
 	}
@@ -26,7 +27,7 @@ func (pl *DynamicMIG) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragmen
 
 // PreFilter parses the pod's GPU request once; pods without one are skipped.
 func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	req, err := parsePod(pod, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
+	req, err := request.Parse(pod, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
 	if err != nil {
 		observeRefusal(reasonInvalidRequest)
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())

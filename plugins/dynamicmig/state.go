@@ -7,11 +7,12 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/request"
 )
 
 // stateData is what PreFilter computes once per cycle, and what Filter found per node.
 type stateData struct {
-	req *podRequest
+	req *request.Request
 
 	mu   sync.Mutex
 	fits map[string]*nodeFit

@@ -1,4 +1,7 @@
-package dynamicmig
+// Package request parses a pod's GPU request: the count, memory and core resources of each
+// container (init containers first) and the pod's GPU annotations. It imports no scheduler
+// code, so it is fuzzed cheaply.
+package request
 
 import (
 	"errors"
@@ -13,8 +16,8 @@ import (
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
 
-// podRequest is a pod's GPU request, parsed once in PreFilter.
-type podRequest struct {
+// Request is a pod's GPU request, parsed once in PreFilter.
+type Request struct {
 	placement.Request
 	// NodePolicy orders nodes: binpack or spread.
 	NodePolicy string
@@ -25,10 +28,10 @@ type podRequest struct {
 	MaxMemoryContainer string
 }
 
-// parsePod reads the pod's GPU request. It returns nil, nil for a pod that asks for no GPU.
+// Parse reads the pod's GPU request. It returns nil, nil for a pod that asks for no GPU.
 // Every error names the container (or annotation) and the value.
-func parsePod(pod *v1.Pod, names config.ResourceNames, defaultNodePolicy string) (*podRequest, error) {
-	req := &podRequest{NodePolicy: defaultNodePolicy}
+func Parse(pod *v1.Pod, names config.ResourceNames, defaultNodePolicy string) (*Request, error) {
+	req := &Request{NodePolicy: defaultNodePolicy}
 	var errs []error
 	containers := append(append([]v1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...)
 	for i := range containers {
@@ -75,7 +78,7 @@ func parsePod(pod *v1.Pod, names config.ResourceNames, defaultNodePolicy string)
 	return req, nil
 }
 
-func (req *podRequest) parseAnnotations(a map[string]string) []error {
+func (req *Request) parseAnnotations(a map[string]string) []error {
 	var errs []error
 	switch mode := a[api.VGPUModeAnnotation]; mode {
 	case "", api.ModeMIG, api.ModeHAMiCore:

@@ -1,4 +1,4 @@
-package dynamicmig
+package request
 
 import (
 	"strings"
@@ -29,14 +29,14 @@ func TestParsePod(t *testing.T) {
 		name    string
 		pod     *v1.Pod
 		wantErr string
-		check   func(t *testing.T, r *podRequest)
+		check   func(t *testing.T, r *Request)
 	}{
-		{name: "no GPU", pod: podWith(nil, v1.ResourceList{v1.ResourceCPU: q("1")}), check: func(t *testing.T, r *podRequest) {
+		{name: "no GPU", pod: podWith(nil, v1.ResourceList{v1.ResourceCPU: q("1")}), check: func(t *testing.T, r *Request) {
 			if r != nil {
 				t.Errorf("a CPU pod has no request: %+v", r)
 			}
 		}},
-		{name: "init containers first", pod: init, check: func(t *testing.T, r *podRequest) {
+		{name: "init containers first", pod: init, check: func(t *testing.T, r *Request) {
 			if len(r.Containers) != 2 || r.Containers[0].Index != 0 || r.Containers[0].Devices != 2 || r.Containers[0].Cores != 30 ||
 				r.Containers[1].Index != 1 || r.Containers[1].MemoryMiB != 3000 || r.Devices != 3 {
 				t.Errorf("%+v", r.Containers)
@@ -45,7 +45,7 @@ func TestParsePod(t *testing.T) {
 		{name: "annotations", pod: podWith(map[string]string{
 			api.VGPUModeAnnotation: "mig", api.UseGPUTypeAnnotation: "A100, H100", api.NoUseGPUUUIDAnnotation: "GPU-1",
 			api.NodeSchedulerPolicyAnnotation: "spread", api.GPUSchedulerPolicyAnnotation: "spread",
-		}, v1.ResourceList{api.ResourceCount: q("1")}), check: func(t *testing.T, r *podRequest) {
+		}, v1.ResourceList{api.ResourceCount: q("1")}), check: func(t *testing.T, r *Request) {
 			if r.Mode != "mig" || len(r.UseTypes) != 2 || r.UseTypes[1] != "H100" || r.NoUseUUIDs[0] != "GPU-1" || r.NodePolicy != "spread" || r.GPUPolicy != "spread" {
 				t.Errorf("%+v", r)
 			}
@@ -54,7 +54,7 @@ func TestParsePod(t *testing.T) {
 			p := podWith(nil, nil)
 			p.Spec.Containers[0].Resources.Requests = v1.ResourceList{api.ResourceCount: q("1"), api.ResourceMemoryPercentage: q("50")}
 			return p
-		}(), check: func(t *testing.T, r *podRequest) {
+		}(), check: func(t *testing.T, r *Request) {
 			if r.Containers[0].MemoryPercent != 50 {
 				t.Errorf("%+v", r.Containers)
 			}
@@ -69,7 +69,7 @@ func TestParsePod(t *testing.T) {
 		{name: "bad policy", pod: podWith(map[string]string{api.GPUSchedulerPolicyAnnotation: "pack"}, v1.ResourceList{api.ResourceCount: q("1")}), wantErr: `hami.io/gpu-scheduler-policy is "pack"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := parsePod(tc.pod, names, api.PolicyBinpack)
+			r, err := Parse(tc.pod, names, api.PolicyBinpack)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want %q", err, tc.wantErr)
@@ -95,7 +95,7 @@ func FuzzParsePod(f *testing.F) {
 			}
 		}
 		pod := podWith(map[string]string{api.VGPUModeAnnotation: mode, api.UseGPUTypeAnnotation: types, api.NodeSchedulerPolicyAnnotation: policy}, limits)
-		r, err := parsePod(pod, config.DefaultResourceNames(), api.PolicyBinpack)
+		r, err := Parse(pod, config.DefaultResourceNames(), api.PolicyBinpack)
 		if err != nil {
 			if !strings.Contains(err.Error(), "container") && !strings.Contains(err.Error(), "annotation") {
 				t.Fatalf("error names neither container nor annotation: %v", err)
