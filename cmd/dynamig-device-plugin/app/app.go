@@ -35,10 +35,26 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return MainContext(context.Background(), args, stdout, stderr)
 }
 
+// Option changes how MainContext runs the commands.
+type Option func(*options)
+
+type options struct {
+	lib nvml.Interface
+}
+
+// WithNVML makes the commands use lib (already initialised) instead of the one --nvml
+// selects: a sandbox keeps one simulated machine per node across device-plugin restarts,
+// as real GPUs outlive the plugin.
+func WithNVML(lib nvml.Interface) Option { return func(o *options) { o.lib = lib } }
+
 // MainContext is Main ending when ctx does (besides SIGINT and SIGTERM), for running the
 // device plugin inside another process (the sandbox, end-to-end tests).
-func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	root := newRootCommand(stdout, stderr)
+func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer, opts ...Option) int {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	root := newRootCommand(stdout, stderr, &o)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
@@ -52,7 +68,7 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	return exitError
 }
 
-func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
+func newRootCommand(stdout, stderr io.Writer, o *options) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "dynamig-device-plugin",
 		Short:         "dynamig's node agent: publishes the GPU inventory and realises MIG reservations",
@@ -62,7 +78,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newDiscoverCommand(), newRunCommand())
+	root.AddCommand(newDiscoverCommand(o), newRunCommand(o))
 	return root
 }
 
@@ -80,6 +96,8 @@ func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
 type nvmlFlags struct {
 	backend string
 	simGPUs string
+	// given replaces the flags' choice (WithNVML).
+	given nvml.Interface
 }
 
 func (f *nvmlFlags) register(cmd *cobra.Command) {
@@ -90,6 +108,9 @@ func (f *nvmlFlags) register(cmd *cobra.Command) {
 // open validates the flags and returns an initialised library; seed makes simulated UUIDs
 // stable per node.
 func (f *nvmlFlags) open(seed string) (nvml.Interface, error) {
+	if f.given != nil {
+		return noShutdown{f.given}, nil
+	}
 	var lib nvml.Interface
 	switch f.backend {
 	case "real":
@@ -118,6 +139,11 @@ func (f *nvmlFlags) open(seed string) (nvml.Interface, error) {
 	}
 	return lib, nil
 }
+
+// noShutdown leaves a given library open when the command ends: its owner closes it.
+type noShutdown struct{ nvml.Interface }
+
+func (noShutdown) Shutdown() error { return nil }
 
 // defaultNodeName is what a DaemonSet pod passes as NODE_NAME, else the host name.
 func defaultNodeName() string {

@@ -2,6 +2,7 @@ package app
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"reflect"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/nvml/sim"
 )
 
 func run(args ...string) (code int, stdout, stderr string) {
@@ -106,5 +108,26 @@ func TestDiscoverWithConfig(t *testing.T) {
 	code, _, stderr = run("discover", "--nvml=sim", "--sim-gpus=A100-40GB", "--config="+path)
 	if code != 2 || !strings.Contains(stderr, "replace it with migProfileAllowlist") {
 		t.Errorf("legacy config: exit %d %s", code, stderr)
+	}
+}
+
+func TestWithNVML(t *testing.T) {
+	s, err := sim.New(sim.Options{Seed: "n"}, sim.GPUSpec{Model: "NVIDIA H200"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Init(); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if code := MainContext(context.Background(), []string{"discover", "-o", "json"}, &out, &errOut, WithNVML(s)); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), `"type": "NVIDIA H200"`) {
+		t.Errorf("the given library must be used: %s", out.String())
+	}
+	// The owner's library stays open after the command.
+	if _, err := s.DeviceCount(); err != nil {
+		t.Errorf("the command shut the given library down: %v", err)
 	}
 }

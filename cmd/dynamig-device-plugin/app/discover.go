@@ -22,7 +22,7 @@ type discoverOptions struct {
 	output     string
 }
 
-func newDiscoverCommand() *cobra.Command {
+func newDiscoverCommand(opts *options) *cobra.Command {
 	o := &discoverOptions{}
 	cmd := &cobra.Command{
 		Use:   "discover",
@@ -36,6 +36,7 @@ allowlisted profiles with memory, core share, instance count and legal placement
 		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
 	}
 	o.nvml.register(cmd)
+	o.nvml.given = opts.lib
 	cmd.Flags().StringVar(&o.configFile, "config", "", "device-config.yaml (HAMi's device ConfigMap content); default: HAMi v2.10's defaults")
 	cmd.Flags().StringVar(&o.nodeName, "node-name", defaultNodeName(), "the node whose nodeconfig applies (default: $NODE_NAME, else the host name)")
 	cmd.Flags().StringVarP(&o.output, "output", "o", "table", `output format: "json" (the annotation's content) or "table"`)

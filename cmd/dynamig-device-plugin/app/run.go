@@ -39,7 +39,7 @@ type runOptions struct {
 	enableMIGMode  bool
 }
 
-func newRunCommand() *cobra.Command {
+func newRunCommand(opts *options) *cobra.Command {
 	o := &runOptions{}
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -53,6 +53,7 @@ instances of pods that ended.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
 	}
 	o.nvml.register(cmd)
+	o.nvml.given = opts.lib
 	f := cmd.Flags()
 	f.StringVar(&o.configFile, "config", "", "device-config.yaml (HAMi's device ConfigMap content); default: HAMi v2.10's defaults")
 	f.StringVar(&o.nodeName, "node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the host name)")
