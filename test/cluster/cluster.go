@@ -48,11 +48,13 @@ import (
 )
 
 // The client identities the control plane knows. Each has its own static token; all are in
-// system:masters unless Options.Users says otherwise.
+// system:masters unless Options.Users says otherwise. UserScheduler and UserDevicePlugin are
+// the service-account user names the components run as in a real cluster, the names
+// manifests/admission-policies.yaml allows, so admission treats them here exactly as there.
 const (
 	UserAdmin        = "dynamig-admin"
-	UserScheduler    = "dynamig-scheduler"
-	UserDevicePlugin = "dynamig-device-plugin"
+	UserScheduler    = "system:serviceaccount:dynamig-system:dynamig-scheduler"
+	UserDevicePlugin = "system:serviceaccount:dynamig-system:dynamig-device-plugin"
 )
 
 // Options configure the control plane. The zero value is a usable default.

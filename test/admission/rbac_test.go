@@ -1,0 +1,138 @@
+package admission
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"testing"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/test/cluster"
+)
+
+const rbacFile = "../../manifests/rbac.yaml"
+
+// testRBAC applies manifests/rbac.yaml and asks the API server's authorizer, with
+// SubjectAccessReviews, what the two service accounts may do. (The test's own clients of
+// those names are in system:masters; the reviews name the service accounts' real groups.)
+func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
+	applyRBAC(ctx, t, admin)
+	sys := api.DefaultSystemNamespace
+	type check struct {
+		verb, group, resource, subresource, namespace, name string
+		allowed                                             bool
+	}
+	cases := map[string][]check{
+		cluster.UserScheduler: {
+			{verb: "create", resource: "pods", subresource: "binding", namespace: "team-a", allowed: true},
+			{verb: "list", resource: "nodes", allowed: true},
+			{verb: "watch", resource: "pods", allowed: true},
+			{verb: "create", resource: "events", namespace: "team-a", allowed: true},
+			{verb: "get", resource: "configmaps", namespace: "kube-system", name: "extension-apiserver-authentication", allowed: true},
+			{verb: "create", group: "authentication.k8s.io", resource: "tokenreviews", allowed: true},
+			{verb: "watch", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
+			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
+			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
+			{verb: "patch", resource: "nodes"},
+			{verb: "list", resource: "secrets", namespace: sys},
+		},
+		cluster.UserDevicePlugin: {
+			{verb: "list", resource: "pods", allowed: true},
+			{verb: "watch", resource: "pods", allowed: true},
+			{verb: "get", resource: "pods", namespace: "team-a", allowed: true},
+			{verb: "patch", resource: "pods", namespace: "team-a", allowed: true},
+			{verb: "get", resource: "nodes", allowed: true},
+			{verb: "patch", resource: "nodes", allowed: true},
+			{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
+			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
+			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
+			{verb: "create", resource: "pods", subresource: "binding", namespace: "team-a"},
+			{verb: "create", resource: "pods", namespace: "team-a"},
+			{verb: "delete", resource: "pods", namespace: "team-a"},
+			{verb: "update", resource: "nodes", subresource: "status"},
+			{verb: "delete", group: "coordination.k8s.io", resource: "leases", namespace: sys},
+			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"},
+			{verb: "list", resource: "secrets", namespace: sys},
+		},
+	}
+	for user, checks := range cases {
+		for _, c := range checks {
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:   user,
+				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + sys, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Verb: c.verb, Group: c.group, Resource: c.resource, Subresource: c.subresource, Namespace: c.namespace, Name: c.name},
+			}}
+			got, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Status.Allowed != c.allowed {
+				t.Errorf("%s: %s %s/%s %s in %q: allowed %v, want %v (%s)", user, c.verb, c.resource, c.subresource, c.group, c.namespace,
+					got.Status.Allowed, c.allowed, got.Status.Reason)
+			}
+		}
+	}
+}
+
+// applyRBAC creates every object of manifests/rbac.yaml, as the admin (the namespace
+// exists already: test/cluster creates it).
+func applyRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
+	t.Helper()
+	raw, err := os.ReadFile(rbacFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
+	for {
+		doc, err := reader.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
+			continue
+		}
+		obj, gvk, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("decoding %s: %v\n%s", rbacFile, err, doc)
+		}
+		co := metav1.CreateOptions{}
+		switch o := obj.(type) {
+		case *v1.Namespace:
+			_, err = admin.CoreV1().Namespaces().Create(ctx, o, co)
+			if apierrors.IsAlreadyExists(err) {
+				err = nil
+			}
+		case *v1.ServiceAccount:
+			_, err = admin.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, co)
+		case *rbacv1.ClusterRole:
+			_, err = admin.RbacV1().ClusterRoles().Create(ctx, o, co)
+		case *rbacv1.ClusterRoleBinding:
+			_, err = admin.RbacV1().ClusterRoleBindings().Create(ctx, o, co)
+		case *rbacv1.Role:
+			_, err = admin.RbacV1().Roles(o.Namespace).Create(ctx, o, co)
+		case *rbacv1.RoleBinding:
+			_, err = admin.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, co)
+		default:
+			t.Fatalf("%s: unexpected %s", rbacFile, gvk)
+		}
+		if err != nil {
+			t.Fatalf("creating %s: %v", gvk.Kind, err)
+		}
+	}
+}
