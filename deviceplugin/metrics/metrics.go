@@ -42,33 +42,46 @@ type Source struct {
 	Checkpoint *checkpoint.Checkpoint
 }
 
+// collector reads every running plugin's state: one in a node's process, several when a
+// sandbox runs many simulated nodes in one process.
 type collector struct {
-	mu  sync.Mutex
-	src *Source
+	mu      sync.Mutex
+	sources map[*Source]bool
 }
 
-var instanceCollector = &collector{}
+var instanceCollector = &collector{sources: map[*Source]bool{}}
 
 func init() {
 	Registry.MustRegister(allocateDuration, allocateErrors, recoveryActions, instanceCollector)
 }
 
-// SetSource points the instance metric at the running plugin's state.
-func SetSource(s *Source) {
+// AddSource makes the instance metric report a running plugin's state until remove.
+func AddSource(s *Source) (remove func()) {
 	instanceCollector.mu.Lock()
 	defer instanceCollector.mu.Unlock()
-	instanceCollector.src = s
+	instanceCollector.sources[s] = true
+	return func() {
+		instanceCollector.mu.Lock()
+		defer instanceCollector.mu.Unlock()
+		delete(instanceCollector.sources, s)
+	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) { ch <- instanceDesc }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
-	src := c.src
-	c.mu.Unlock()
-	if src == nil {
-		return
+	sources := make([]*Source, 0, len(c.sources))
+	for s := range c.sources {
+		sources = append(sources, s)
 	}
+	c.mu.Unlock()
+	for _, src := range sources {
+		collectSource(ch, src)
+	}
+}
+
+func collectSource(ch chan<- prometheus.Metric, src *Source) {
 	owners := map[string]checkpoint.Entry{} // by MIG UUID
 	for _, e := range src.Checkpoint.Entries() {
 		if e.State == checkpoint.Created {
