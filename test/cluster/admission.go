@@ -1,0 +1,77 @@
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/dynamig/dynamig/api"
+)
+
+// ApplyAdmissionPolicies creates the ValidatingAdmissionPolicies and bindings of a
+// manifest (manifests/admission-policies.yaml) and waits until they refuse what they
+// should: a GPU pod for another scheduler, tried as a server-side dry run.
+func ApplyAdmissionPolicies(ctx context.Context, admin kubernetes.Interface, path string) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
+	for i := 1; ; i++ {
+		doc, err := reader.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		obj, gvk, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			if len(bytes.TrimSpace(doc)) == 0 || isCommentOnly(doc) {
+				continue
+			}
+			return fmt.Errorf("%s, document %d: %w", path, i, err)
+		}
+		switch o := obj.(type) {
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			_, err = admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			_, err = admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
+		default:
+			err = fmt.Errorf("unexpected %s", gvk)
+		}
+		if err != nil {
+			return fmt.Errorf("%s, document %d: %w", path, i, err)
+		}
+	}
+	probe := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "admission-probe", Namespace: "default"},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Image: "busybox", Resources: v1.ResourceRequirements{
+			Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("1")}}}}}}
+	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := admin.CoreV1().Pods("default").Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil, nil
+	})
+}
+
+func isCommentOnly(doc []byte) bool {
+	for _, line := range bytes.Split(doc, []byte("\n")) {
+		if l := bytes.TrimSpace(line); len(l) > 0 && l[0] != '#' {
+			return false
+		}
+	}
+	return true
+}
