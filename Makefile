@@ -20,7 +20,7 @@ FUZZ_TARGETS := \
 	./deviceplugin/checkpoint:FuzzDecode \
 	./nvml/sim:FuzzParseGPUList
 
-.PHONY: all build test unit race fuzz lint demo clean bench-allocator
+.PHONY: all build test unit race fuzz lint demo clean bench-allocator kubectl
 
 all: build
 
@@ -52,12 +52,16 @@ lint:
 		if $(GO) list -deps -test $$p | grep -q '^k8s.io/kubernetes/'; then echo "$$p links k8s.io/kubernetes"; exit 1; fi; \
 	done
 
-# The sandbox cluster lands with issue 5; until then the demo shows what the seed node's
-# device plugin would publish.
-demo: build
-	@echo "make demo: the in-process sandbox cluster is not built yet (issue 5)."
-	@echo "Meanwhile, the inventory the seed's MIG node (one NVIDIA A100-PCIE-40GB) would publish:"
-	$(BIN)/dynamig-device-plugin discover --nvml=sim --sim-gpus='NVIDIA A100-PCIE-40GB:1' --node-name=mig-node -o table
+# The in-process sandbox (etcd, kube-apiserver, dynamig-scheduler, simulated GPU nodes with
+# the real device plugin): apply examples/, wait until both pods run with realised MIG
+# reservations, print them and the A100's occupancy, stop. Needs only Go and gcc.
+demo:
+	$(GO) build -o $(BIN)/dynamig-sandbox ./cmd/dynamig-sandbox
+	$(BIN)/dynamig-sandbox demo --examples examples --scheduler-config manifests/scheduler-config.yaml
+
+# kubectl, built from the pinned Kubernetes module, to drive the sandbox by hand.
+kubectl:
+	$(GO) build -o $(BIN)/kubectl k8s.io/kubernetes/cmd/kubectl
 
 # Allocator benchmarks, written to docs/benchmarks/allocator.md with the command and machine.
 bench-allocator:

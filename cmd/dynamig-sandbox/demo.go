@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/test/sandbox"
+)
+
+// runDemo starts the default world, applies the example pods, waits until they run with
+// realised reservations, prints their reservations and the GPUs' occupancy, and stops.
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("dynamig-sandbox demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	examples := fs.String("examples", "examples", "directory of the example pods (*.yaml), applied in file name order")
+	schedulerConfig := fs.String("scheduler-config", sandbox.DefaultSchedulerConfig, "the dynamig-scheduler KubeSchedulerConfiguration")
+	timeout := fs.Duration("timeout", 2*time.Minute, "give up when the pods do not run with realised reservations within this time")
+	verbosity := verbosityFlag{}
+	fs.Var(&verbosity, "v", "log to stderr (-v), at klog verbosity N (-v=N); default: quiet")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage, "Flags of demo:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "Error: unexpected argument %q\n", fs.Arg(0))
+		return exitUsage
+	}
+	pods, err := sandbox.ReadPods(*examples)
+	if err != nil {
+		fmt.Fprintf(stderr, "Error: --examples: %v\n", err)
+		return exitUsage
+	}
+	logw := setupLogging(verbosity, stderr)
+
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	cfg := sandbox.DefaultConfig()
+	s, code := startSandbox(ctx, cfg, *schedulerConfig, logw, stderr)
+	if s == nil {
+		return code
+	}
+	defer s.Stop()
+	fmt.Fprintf(stdout, "Sandbox ready in %s:\n", time.Since(began).Round(10*time.Millisecond))
+	for _, n := range s.Nodes() {
+		fmt.Fprintf(stdout, "  node %s (%s): %s\n", n.Name, n.Mode, strings.Join(n.GPUs, ", "))
+	}
+	if err := demo(ctx, s, pods, stdout); err != nil {
+		if ctx.Err() != nil && !errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("interrupted: %w", err)
+		}
+		fmt.Fprintf(stderr, "Error: demo failed: %v\n", err)
+		return exitError
+	}
+	s.Stop()
+	fmt.Fprintf(stdout, "\nDemo done in %s; the sandbox stopped cleanly.\n", time.Since(began).Round(10*time.Millisecond))
+	return exitOK
+}
+
+func demo(ctx context.Context, s *sandbox.Sandbox, pods []*v1.Pod, out io.Writer) error {
+	created, err := s.CreatePods(ctx, pods...)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "\nApplied:")
+	for _, p := range created {
+		fmt.Fprintf(out, "  pod %s/%s: %s\n", p.Namespace, p.Name, describeRequest(p))
+	}
+	// Wait per namespace, all pods at once.
+	byNS := map[string][]string{}
+	var order []string
+	for _, p := range created {
+		if _, ok := byNS[p.Namespace]; !ok {
+			order = append(order, p.Namespace)
+		}
+		byNS[p.Namespace] = append(byNS[p.Namespace], p.Name)
+	}
+	deadline, _ := ctx.Deadline()
+	var running []*v1.Pod
+	for _, ns := range order {
+		ps, err := s.WaitRunning(ctx, time.Until(deadline), ns, byNS[ns]...)
+		if err != nil {
+			return err
+		}
+		running = append(running, ps...)
+	}
+
+	// Each pod's reservations, checked against the device plugin's instances.
+	fmt.Fprintln(out, "\nRunning, with their reservations ("+api.MigReservationsAnnotation+"):")
+	instances := map[string][]sandbox.Instance{}
+	for _, p := range running {
+		fmt.Fprintf(out, "\n%s/%s on %s (bind-phase %s):\n", p.Namespace, p.Name, p.Spec.NodeName, p.Annotations[api.BindPhaseAnnotation])
+		raw, ok := p.Annotations[api.MigReservationsAnnotation]
+		if !ok {
+			fmt.Fprintln(out, "  (no MIG reservation)")
+			continue
+		}
+		fmt.Fprintln(out, prettyJSON(raw))
+		recs, err := api.DecodeMigReservations(raw)
+		if err != nil {
+			return fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		if _, ok := instances[p.Spec.NodeName]; !ok {
+			if instances[p.Spec.NodeName], err = s.Instances(p.Spec.NodeName); err != nil {
+				return err
+			}
+		}
+		for _, r := range recs {
+			if !slices.ContainsFunc(instances[p.Spec.NodeName], func(in sandbox.Instance) bool {
+				return in.GPUUUID == r.GPUUUID && in.Placement == r.Placement && in.Profile == r.Profile &&
+					r.GPUInstanceID != nil && in.GPUInstanceID == int(*r.GPUInstanceID) && in.PodName == p.Name && in.PodNamespace == p.Namespace
+			}) {
+				return fmt.Errorf("pod %s/%s: reservation %+v has no matching MIG instance on %s (device plugin reports %v)",
+					p.Namespace, p.Name, r, p.Spec.NodeName, instances[p.Spec.NodeName])
+			}
+		}
+	}
+
+	occ, err := s.Occupancy(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "\nGPU occupancy (memory slots):")
+	for _, o := range occ {
+		fmt.Fprintln(out, "  "+o.String())
+	}
+	fmt.Fprintln(out, "\nMIG instances the device plugins report (dynamig_mig_instance):")
+	for _, n := range s.Nodes() {
+		if n.Mode != api.ModeMIG {
+			continue
+		}
+		in, err := s.Instances(n.Name)
+		if err != nil {
+			return err
+		}
+		for _, i := range in {
+			fmt.Fprintf(out, "  %s %s\n", n.Name, i)
+		}
+	}
+	return nil
+}
+
+// describeRequest prints a pod's GPU limits, e.g. "nvidia.com/gpu=2 nvidia.com/gpumem=8000, mode mig".
+func describeRequest(p *v1.Pod) string {
+	var parts []string
+	for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
+		var lim []string
+		for name, q := range c.Resources.Limits {
+			if strings.HasPrefix(string(name), "nvidia.com/") {
+				lim = append(lim, string(name)+"="+strconv.FormatInt(q.Value(), 10))
+			}
+		}
+		slices.Sort(lim)
+		if len(lim) > 0 {
+			parts = append(parts, c.Name+": "+strings.Join(lim, " "))
+		}
+	}
+	if m := p.Annotations[api.VGPUModeAnnotation]; m != "" {
+		parts = append(parts, "mode "+m)
+	}
+	return strings.Join(parts, ", ")
+}

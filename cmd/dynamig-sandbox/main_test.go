@@ -1,0 +1,160 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/dynamig/dynamig/test/sandbox"
+)
+
+const schedulerConfig = "../../manifests/scheduler-config.yaml"
+
+func TestUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown model", []string{"--config", write("model.yaml", "nodes: [{name: a, mode: mig, gpus: [A100-41GB]}]")}, "nodes[0].gpus[0]"},
+		{"unknown mode", []string{"--config", write("mode.yaml", "nodes: [{name: a, mode: mps, gpus: [A100-40GB]}]")}, "nodes[0].mode"},
+		{"duplicate node", []string{"--config", write("dup.yaml", "nodes: [{name: a, mode: mig, gpus: [A30]}, {name: a, mode: mig, gpus: [A30]}]")}, `nodes[1].name: Duplicate value: "a"`},
+		{"bad device config", []string{"--config", write("dev.yaml", "nodes: [{name: a, mode: mig, gpus: [A30]}]\ndeviceConfig: nvidia.yaml\n"), "--scheduler-config", schedulerConfig}, "deviceConfig"},
+		{"missing config", []string{"--config", filepath.Join(dir, "none.yaml")}, "none.yaml"},
+		{"missing scheduler config", []string{"--scheduler-config", filepath.Join(dir, "none.yaml")}, "--scheduler-config"},
+		{"unknown flag", []string{"--nodes=3"}, "flag provided but not defined"},
+		{"argument", []string{"extra"}, `unexpected argument "extra"`},
+		{"bad -v", []string{"-v=x"}, "-v"},
+		{"demo: no examples", []string{"demo", "--examples", t.TempDir()}, "no Pods"},
+		{"demo: unknown flag", []string{"demo", "--config", "x"}, "flag provided but not defined"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "bad device config" {
+				write("nvidia.yaml", "nvidia:\n  deviceSplitCount: 0\n")
+			}
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), tc.args, &stdout, &stderr)
+			if code != exitUsage || !strings.Contains(stderr.String(), tc.want) || stdout.Len() != 0 {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit 2 and %q", code, stdout.String(), stderr.String(), tc.want)
+			}
+		})
+	}
+}
+
+// TestRun runs the sandbox as the command does: `ready` once, the state file, a
+// kubeconfig that client-go can use; SIGINT (the context) stops it with exit 0.
+func TestRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a control plane")
+	}
+	dir := t.TempDir()
+	kubeconfig, state := filepath.Join(dir, "kubeconfig"), filepath.Join(dir, "state.json")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	var stderr bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		code := run(ctx, []string{"--kubeconfig-out", kubeconfig, "--state-out", state, "--scheduler-config", schedulerConfig}, pw, &stderr)
+		pw.Close()
+		done <- code
+	}()
+	lines := bufio.NewScanner(pr)
+	ready := make(chan bool, 1)
+	go func() {
+		ok := lines.Scan() && lines.Text() == "ready"
+		ready <- ok
+		for lines.Scan() {
+			t.Errorf("more on stdout: %q", lines.Text())
+		}
+	}()
+	select {
+	case ok := <-ready:
+		if !ok {
+			t.Fatalf("stdout did not say ready; stderr: %s", stderr.String())
+		}
+	case code := <-done:
+		t.Fatalf("exited %d before ready: %s", code, stderr.String())
+	case <-time.After(2 * time.Minute):
+		t.Fatal("not ready within 2 minutes")
+	}
+
+	raw, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st sandbox.State
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(st.APIServer, "https://127.0.0.1:") || st.Kubeconfig != kubeconfig || st.SchedulerMetrics == "" ||
+		st.Nodes["mig-node"].Mode != "mig" || st.Nodes["core-node"].DeviceMetrics == "" || len(st.Nodes["mig-node"].GPUs) != 1 {
+		t.Errorf("state: %s", raw)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil || len(nodes.Items) != 2 {
+		t.Errorf("nodes through the written kubeconfig: %v, %v", nodes, err)
+	}
+
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("exit %d after SIGINT: %s", code, stderr.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("did not stop within a minute")
+	}
+}
+
+// TestDemo runs `dynamig-sandbox demo` on the examples.
+func TestDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a control plane")
+	}
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"demo", "--examples", "../../examples", "--scheduler-config", schedulerConfig}, &stdout, &stderr)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s\n%s", code, stdout.String(), stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{
+		"(NVIDIA A100-PCIE-40GB): [0,2) gpu-pod1 2g.10gb | [2,4) gpu-pod1 2g.10gb | [4,6) mig-workload 2g.10gb | [6,8) free",
+		`"migUUID": "MIG-`,
+		"the sandbox stopped cleanly",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "2g.10gb ["); n != 3 {
+		t.Errorf("want 3 instances in the device plugin's report, got %d:\n%s", n, out)
+	}
+}

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/dynamig/dynamig/test/sandbox"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2 // bad flags or a bad config
+)
+
+const usage = `Usage:
+  dynamig-sandbox [flags]         run the sandbox cluster until SIGINT or SIGTERM
+  dynamig-sandbox demo [flags]    run the example pods on the default world, print what they got, stop
+
+`
+
+// run is the command line; ctx ends on SIGINT or SIGTERM.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "demo" {
+		return runDemo(ctx, args[1:], stdout, stderr)
+	}
+	fs := flag.NewFlagSet("dynamig-sandbox", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", "", "sandbox config (YAML): nodes: [{name, mode: mig|hami-core, gpus: [MODEL, ...]}], deviceConfig: PATH; default: the seed's world (mig-node with an NVIDIA A100-PCIE-40GB, core-node with an A100-40GB in hami-core mode)")
+	kubeconfigOut := fs.String("kubeconfig-out", "", "also write the admin kubeconfig here (for kubectl and client-go)")
+	stateOut := fs.String("state-out", "", "write the sandbox's state here as JSON once ready: {apiserver, kubeconfig, schedulerMetrics, nodes: {NAME: {deviceMetrics, mode, gpus}}}")
+	schedulerConfig := fs.String("scheduler-config", sandbox.DefaultSchedulerConfig, "the dynamig-scheduler KubeSchedulerConfiguration")
+	verbosity := verbosityFlag{}
+	fs.Var(&verbosity, "v", "log to stderr (-v), at klog verbosity N (-v=N); default: quiet")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage, "Flags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "Error: unexpected argument %q\n", fs.Arg(0))
+		fs.Usage()
+		return exitUsage
+	}
+	cfg := sandbox.DefaultConfig()
+	if *configPath != "" {
+		c, err := sandbox.LoadConfig(*configPath)
+		if err != nil {
+			fmt.Fprintf(stderr, "Error: %v\n", err)
+			return exitUsage
+		}
+		cfg = *c
+	}
+	logw := setupLogging(verbosity, stderr)
+	start := time.Now()
+	s, code := startSandbox(ctx, cfg, *schedulerConfig, logw, stderr)
+	if s == nil {
+		return code
+	}
+	defer s.Stop()
+	kubeconfig := s.Kubeconfig()
+	if *kubeconfigOut != "" {
+		if err := copyFile(s.Kubeconfig(), *kubeconfigOut); err != nil {
+			fmt.Fprintf(stderr, "Error: --kubeconfig-out: %v\n", err)
+			return exitError
+		}
+		kubeconfig, _ = filepath.Abs(*kubeconfigOut)
+	}
+	if *stateOut != "" {
+		data, err := json.MarshalIndent(s.State(kubeconfig), "", "  ")
+		if err == nil {
+			err = os.WriteFile(*stateOut, append(data, '\n'), 0o600)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "Error: --state-out: %v\n", err)
+			return exitError
+		}
+	}
+	fmt.Fprintf(stderr, "dynamig-sandbox: ready in %s: API server %s, kubeconfig %s\n", time.Since(start).Round(10*time.Millisecond), s.APIServer(), kubeconfig)
+	for _, n := range s.Nodes() {
+		fmt.Fprintf(stderr, "  node %s (%s): %s, device plugin metrics %s\n", n.Name, n.Mode, strings.Join(n.GPUs, ", "), n.DeviceMetrics)
+	}
+	fmt.Fprintf(stderr, "  scheduler metrics %s\n", s.SchedulerMetrics())
+	fmt.Fprintln(stdout, "ready")
+	<-ctx.Done()
+	fmt.Fprintln(stderr, "dynamig-sandbox: stopping")
+	return exitOK
+}
+
+// startSandbox starts the sandbox; on failure it reports and returns the exit code.
+func startSandbox(ctx context.Context, cfg sandbox.Config, schedulerConfig string, logw io.Writer, stderr io.Writer) (*sandbox.Sandbox, int) {
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(stderr, "Error: %v\n", err)
+		return nil, exitUsage
+	}
+	if _, err := os.Stat(schedulerConfig); err != nil {
+		fmt.Fprintf(stderr, "Error: --scheduler-config: %v (run from the repository root, or name the file)\n", err)
+		return nil, exitUsage
+	}
+	// The admission policies ship beside the scheduler configuration (manifests/).
+	policies := filepath.Join(filepath.Dir(schedulerConfig), "admission-policies.yaml")
+	if _, err := os.Stat(policies); err != nil {
+		fmt.Fprintf(stderr, "Error: admission policies: %v (they ship beside --scheduler-config, in manifests/)\n", err)
+		return nil, exitUsage
+	}
+	s, err := sandbox.Start(ctx, sandbox.Options{Config: cfg, SchedulerConfig: schedulerConfig, AdmissionPolicies: policies, Log: logw})
+	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			fmt.Fprintln(stderr, "dynamig-sandbox: interrupted while starting")
+			return nil, exitError
+		}
+		fmt.Fprintf(stderr, "Error: starting the sandbox: %v\n", err)
+		if strings.Contains(err.Error(), "sandbox config") {
+			return nil, exitUsage
+		}
+		return nil, exitError
+	}
+	return s, exitOK
+}
+
+// verbosityFlag is -v (logs on, klog level 0) or -v=N (klog level N); unset is quiet.
+type verbosityFlag struct {
+	set   bool
+	level int
+}
+
+func (v *verbosityFlag) String() string {
+	if v == nil || !v.set {
+		return ""
+	}
+	return strconv.Itoa(v.level)
+}
+
+func (v *verbosityFlag) Set(s string) error {
+	switch s {
+	case "true":
+		v.set, v.level = true, 0
+		return nil
+	case "false":
+		v.set = false
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return fmt.Errorf("want -v or -v=N with N a whole number, not %q", s)
+	}
+	v.set, v.level = true, n
+	return nil
+}
+
+func (v *verbosityFlag) IsBoolFlag() bool { return true }
+
+// setupLogging points klog (the API server, scheduler, device plugins, kubelet stand-ins)
+// at stderr when verbose, else nowhere; it returns the writer for the components' own
+// output.
+func setupLogging(v verbosityFlag, stderr io.Writer) io.Writer {
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("logtostderr", "false")
+	_ = fs.Set("alsologtostderr", "false")
+	_ = fs.Set("stderrthreshold", "FATAL")
+	if !v.set {
+		klog.SetOutput(io.Discard)
+		return io.Discard
+	}
+	_ = fs.Set("v", strconv.Itoa(v.level))
+	klog.SetOutput(stderr)
+	return stderr
+}
+
+func copyFile(from, to string) error {
+	data, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(to, data, 0o600)
+}
+
+// prettyJSON indents a JSON document; anything else is returned as it is.
+func prettyJSON(raw string) string {
+	var b bytes.Buffer
+	if err := json.Indent(&b, []byte(raw), "", "  "); err != nil {
+		return raw
+	}
+	return b.String()
+}

@@ -1,0 +1,521 @@
+// Package e2e runs dynamig's end-to-end suites on the in-process sandbox cluster: the real
+// kube-apiserver with the shipped admission policies, the real dynamig-scheduler, and per
+// node the real device plugin on simulated GPUs with a kubelet stand-in. Each suite asserts
+// on API objects and on the simulated NVML state (read through the device plugins).
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/test/sandbox"
+)
+
+const (
+	schedulerConfig   = "../../manifests/scheduler-config.yaml"
+	admissionPolicies = "../../manifests/admission-policies.yaml"
+	examples          = "../../examples"
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("logtostderr", "false")
+	_ = fs.Set("stderrthreshold", "FATAL")
+	if !testing.Verbose() {
+		klog.SetOutput(discard{})
+	}
+	os.Exit(m.Run())
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// world is one suite's sandbox.
+type world struct {
+	t   *testing.T
+	ctx context.Context
+	sb  *sandbox.Sandbox
+	c   kubernetes.Interface
+}
+
+func start(t *testing.T, nodes ...sandbox.NodeConfig) *world {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg := sandbox.DefaultConfig()
+	if len(nodes) > 0 {
+		cfg = sandbox.Config{Nodes: nodes}
+	}
+	sctx, scancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer scancel()
+	sb, err := sandbox.Start(sctx, sandbox.Options{Config: cfg, SchedulerConfig: schedulerConfig, AdmissionPolicies: admissionPolicies})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Stop(); cancel() })
+	return &world{t: t, ctx: ctx, sb: sb, c: sb.Client()}
+}
+
+func mig(name string, gpus ...string) sandbox.NodeConfig {
+	return sandbox.NodeConfig{Name: name, Mode: api.ModeMIG, GPUs: gpus}
+}
+
+// pod is a GPU pod for dynamig-scheduler: devices × MiB each, in mode, with annotations.
+func pod(name, mode string, devices, memory int, annotations ...string) *v1.Pod {
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Annotations: map[string]string{}},
+		Spec: v1.PodSpec{SchedulerName: "dynamig-scheduler", Containers: []v1.Container{{Name: "main", Image: "ubuntu:22.04",
+			Command: []string{"sleep", "infinity"}, Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
+				api.ResourceCount: *resource.NewQuantity(int64(devices), resource.DecimalSI)}}}}}}
+	if memory > 0 {
+		p.Spec.Containers[0].Resources.Limits[api.ResourceMemory] = *resource.NewQuantity(int64(memory), resource.DecimalSI)
+	}
+	if mode != "" {
+		p.Annotations[api.VGPUModeAnnotation] = mode
+	}
+	for i := 0; i+1 < len(annotations); i += 2 {
+		p.Annotations[annotations[i]] = annotations[i+1]
+	}
+	return p
+}
+
+func (w *world) create(pods ...*v1.Pod) {
+	w.t.Helper()
+	for _, p := range pods {
+		if _, err := w.c.CoreV1().Pods(p.Namespace).Create(w.ctx, p, metav1.CreateOptions{}); err != nil {
+			w.t.Fatalf("creating %s: %v", p.Name, err)
+		}
+	}
+}
+
+func (w *world) get(name string) *v1.Pod {
+	w.t.Helper()
+	p, err := w.c.CoreV1().Pods("default").Get(w.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return p
+}
+
+func (w *world) waitFor(what string, timeout time.Duration, cond func() (bool, string)) {
+	w.t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(w.ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		ok, why := cond()
+		last = why
+		return ok, nil
+	})
+	if err != nil {
+		w.t.Fatalf("waiting for %s: %s", what, last)
+	}
+}
+
+// running waits until the pods run with every reservation realised, and returns them.
+func (w *world) running(names ...string) map[string][]api.MigReservation {
+	w.t.Helper()
+	out := map[string][]api.MigReservation{}
+	w.waitFor(strings.Join(names, ", ")+" running", 90*time.Second, func() (bool, string) {
+		for _, n := range names {
+			p, err := w.c.CoreV1().Pods("default").Get(w.ctx, n, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			if p.Status.Phase != v1.PodRunning {
+				return false, fmt.Sprintf("%s is %s: %s", n, p.Status.Phase, lastEvent(w, p))
+			}
+			if raw, ok := p.Annotations[api.MigReservationsAnnotation]; ok {
+				recs, err := api.DecodeMigReservations(raw)
+				if err != nil {
+					return false, err.Error()
+				}
+				for _, r := range recs {
+					if !r.Realized() {
+						return false, n + " not realised"
+					}
+				}
+				out[n] = recs
+			}
+		}
+		return true, ""
+	})
+	return out
+}
+
+// pending asserts the pod stays unscheduled and returns its FailedScheduling message.
+func (w *world) pending(name string) string {
+	w.t.Helper()
+	var msg string
+	w.waitFor(name+" reported unschedulable", 30*time.Second, func() (bool, string) {
+		p := w.get(name)
+		if p.Spec.NodeName != "" {
+			w.t.Fatalf("%s was bound to %s", name, p.Spec.NodeName)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Message != "" {
+				msg = c.Message
+				return true, ""
+			}
+		}
+		return false, "no PodScheduled=False yet"
+	})
+	return msg
+}
+
+func lastEvent(w *world, p *v1.Pod) string {
+	evs, err := w.c.CoreV1().Events(p.Namespace).List(w.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name})
+	if err != nil || len(evs.Items) == 0 {
+		return "no events"
+	}
+	e := evs.Items[len(evs.Items)-1]
+	return e.Reason + ": " + e.Message
+}
+
+// instances is the simulated NVML state of a node, by pod name.
+func (w *world) instances(node string) map[string][]sandbox.Instance {
+	w.t.Helper()
+	list, err := w.sb.Instances(node)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	out := map[string][]sandbox.Instance{}
+	for _, in := range list {
+		out[in.PodName] = append(out[in.PodName], in)
+	}
+	return out
+}
+
+// sameHardware asserts that NVML holds exactly the pods' realised reservations.
+func (w *world) sameHardware(node string, recs map[string][]api.MigReservation) {
+	w.t.Helper()
+	hw := w.instances(node)
+	for name, rs := range recs {
+		got := hw[name]
+		if len(got) != len(rs) {
+			w.t.Errorf("%s: %d reservations, %d instances on %s: %v", name, len(rs), len(got), node, got)
+			continue
+		}
+		for _, r := range rs {
+			if !slices.ContainsFunc(got, func(in sandbox.Instance) bool {
+				return in.GPUUUID == r.GPUUUID && in.Profile == r.Profile && in.Placement == r.Placement && uint32(in.GPUInstanceID) == *r.GPUInstanceID
+			}) {
+				w.t.Errorf("%s: reservation %s %s on %s has no matching instance: %v", name, r.Profile, r.Placement, r.GPUUUID, got)
+			}
+		}
+	}
+}
+
+func noOverlap(t *testing.T, recs map[string][]api.MigReservation) {
+	t.Helper()
+	var all []api.MigReservation
+	var owner []string
+	for name, rs := range recs {
+		for _, r := range rs {
+			for i, o := range all {
+				if o.GPUUUID == r.GPUUUID && o.Placement.Overlaps(r.Placement) {
+					t.Errorf("%s %s overlaps %s %s on %s", name, r.Placement, owner[i], o.Placement, r.GPUUUID)
+				}
+			}
+			all, owner = append(all, r), append(owner, name)
+		}
+	}
+}
+
+func (w *world) delete(names ...string) {
+	w.t.Helper()
+	for _, n := range names {
+		if err := w.c.CoreV1().Pods("default").Delete(w.ctx, n, metav1.DeleteOptions{}); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+}
+
+func (w *world) gone(node string, names ...string) {
+	w.t.Helper()
+	w.waitFor("instances of "+strings.Join(names, ", ")+" reclaimed on "+node, 60*time.Second, func() (bool, string) {
+		hw := w.instances(node)
+		for _, n := range names {
+			if len(hw[n]) > 0 {
+				return false, fmt.Sprintf("%s still has %v", n, hw[n])
+			}
+		}
+		return true, ""
+	})
+}
+
+func TestSeedExample(t *testing.T) {
+	w := start(t)
+	for _, f := range []string{"gpu-pod1.yaml", "mig-workload.yaml"} {
+		data, err := os.ReadFile(examples + "/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pods, err := sandbox.DecodePods(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pods {
+			if p.Namespace == "" {
+				p.Namespace = "default"
+			}
+		}
+		w.create(pods...)
+	}
+	recs := w.running("gpu-pod1", "mig-workload")
+	if len(recs["gpu-pod1"]) != 2 || len(recs["mig-workload"]) != 1 {
+		t.Fatalf("reservations: %v", recs)
+	}
+	for _, rs := range recs {
+		for _, r := range rs {
+			if r.Profile != "2g.10gb" {
+				t.Errorf("profile %s, want 2g.10gb", r.Profile)
+			}
+		}
+	}
+	noOverlap(t, recs)
+	w.sameHardware("mig-node", recs)
+}
+
+func TestMixedProfilesOnOneGPU(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB"))
+	w.create(pod("small", "mig", 1, 4000), pod("medium", "mig", 1, 9000), pod("large", "mig", 1, 19000))
+	recs := w.running("small", "medium", "large")
+	want := map[string]string{"small": "1g.5gb", "medium": "2g.10gb", "large": "3g.20gb"}
+	for name, profile := range want {
+		if len(recs[name]) != 1 || recs[name][0].Profile != profile {
+			t.Errorf("%s: %v, want %s", name, recs[name], profile)
+		}
+	}
+	noOverlap(t, recs)
+	w.sameHardware("n", recs)
+}
+
+func TestExhaustionThenReclaim(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB"))
+	w.create(pod("a", "mig", 1, 19000), pod("b", "mig", 1, 19000))
+	recs := w.running("a", "b")
+	w.create(pod("c", "mig", 1, 4000))
+	if msg := w.pending("c"); !strings.Contains(msg, "all MIG placements taken") {
+		t.Errorf("c's reason: %q", msg)
+	}
+	w.delete("b")
+	w.gone("n", "b")
+	got := w.running("c")
+	freed := recs["b"][0].Placement
+	if p := got["c"][0].Placement; p.Start < freed.Start || p.End() > freed.End() {
+		t.Errorf("c at %s, want inside b's freed %s", p, freed)
+	}
+	w.sameHardware("n", map[string][]api.MigReservation{"a": recs["a"], "c": got["c"]})
+}
+
+func TestSmallestProfileAcrossModels(t *testing.T) {
+	cases := []struct{ node, model, profile string }{
+		{"a30", "A30-24GB", "2g.12gb"},
+		{"a100-80", "A100-80GB", "1g.10gb"},
+		{"h100", "H100-80GB", "1g.10gb"},
+		{"h200", "NVIDIA H200", "1g.18gb"},
+		{"b200", "B200-180GB", "1g.23gb"},
+		{"rtx", "RTX-PRO-6000-Blackwell-Server", "1g.24gb"},
+	}
+	var nodes []sandbox.NodeConfig
+	for _, c := range cases {
+		nodes = append(nodes, mig(c.node, c.model))
+	}
+	w := start(t, nodes...)
+	uuids := map[string]string{}
+	for _, n := range w.sb.Nodes() {
+		uuids[n.Name] = n.GPUUUIDs[0]
+	}
+	var names []string
+	for _, c := range cases {
+		w.create(pod("p-"+c.node, "mig", 1, 8000, api.UseGPUUUIDAnnotation, uuids[c.node]))
+		names = append(names, "p-"+c.node)
+	}
+	recs := w.running(names...)
+	for _, c := range cases {
+		r := recs["p-"+c.node]
+		if len(r) != 1 || r[0].Profile != c.profile || r[0].GPUUUID != uuids[c.node] {
+			t.Errorf("%s (%s): %v, want %s", c.node, c.model, r, c.profile)
+		}
+		w.sameHardware(c.node, map[string][]api.MigReservation{"p-" + c.node: r})
+	}
+}
+
+func TestModeRouting(t *testing.T) {
+	w := start(t) // mig-node and core-node
+	w.create(pod("m", "mig", 1, 4000), pod("h", "hami-core", 1, 4000), pod("either", "", 1, 4000))
+	w.running("m", "h", "either")
+	if n := w.get("m").Spec.NodeName; n != "mig-node" {
+		t.Errorf("mig pod on %s", n)
+	}
+	h := w.get("h")
+	if h.Spec.NodeName != "core-node" || h.Annotations[api.DevicesAllocatedAnnotation] == "" || h.Annotations[api.MigReservationsAnnotation] != "" {
+		t.Errorf("hami-core pod: node %s, annotations %v", h.Spec.NodeName, h.Annotations)
+	}
+	if len(w.instances("core-node")) != 0 {
+		t.Errorf("a hami-core node gets no MIG instance")
+	}
+}
+
+func TestDevicePluginRestartAdopts(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB"))
+	w.create(pod("a", "mig", 2, 9000))
+	recs := w.running("a")
+	before := w.instances("n")
+	if err := w.sb.RestartDevicePlugin(w.ctx, "n"); err != nil {
+		t.Fatal(err)
+	}
+	after := w.instances("n")
+	if len(after["a"]) != 2 || after["a"][0] != before["a"][0] || after["a"][1] != before["a"][1] {
+		t.Errorf("instances changed across the restart: %v → %v", before, after)
+	}
+	// The restarted plugin still serves: a new pod gets its instance beside a's.
+	w.create(pod("b", "mig", 1, 4000))
+	got := w.running("b")
+	got["a"] = recs["a"]
+	noOverlap(t, got)
+	w.sameHardware("n", got)
+}
+
+func TestSchedulerRestartNoDoubleBooking(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB", "A100-40GB"))
+	w.create(pod("a", "mig", 2, 9000), pod("b", "mig", 1, 19000))
+	recs := w.running("a", "b")
+	if err := w.sb.RestartScheduler(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.create(pod("c", "mig", 2, 9000), pod("d", "mig", 1, 19000))
+	for k, v := range w.running("c", "d") {
+		recs[k] = v
+	}
+	noOverlap(t, recs)
+	w.sameHardware("n", recs)
+}
+
+func TestAdmissionPolicies(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB"))
+	forged := pod("forged", "mig", 1, 4000, api.MigReservationsAnnotation, `[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-x","profile":"1g.5gb","placement":{"start":0,"size":1}}]`)
+	other := pod("other-scheduler", "mig", 1, 4000)
+	other.Spec.SchedulerName = "default-scheduler"
+	pinned := pod("pinned", "mig", 1, 4000)
+	pinned.Spec.NodeName = "n"
+	for _, tc := range []struct {
+		p    *v1.Pod
+		want string
+	}{
+		{forged, api.MigReservationsAnnotation},
+		{other, "schedulerName: dynamig-scheduler"},
+		{pinned, "nodeName"},
+	} {
+		_, err := w.c.CoreV1().Pods("default").Create(w.ctx, tc.p, metav1.CreateOptions{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want a refusal naming %q", tc.p.Name, err, tc.want)
+		}
+	}
+}
+
+// TestForgedBindingGetsNoInstance: with the admission policies removed (an operator's
+// mistake), a pod bound directly with a forged reservation still gets no instance: its
+// Allocate has no hand-off Lease, so the device plugin refuses it and kubelet fails the pod.
+func TestForgedBindingGetsNoInstance(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB"))
+	if err := w.c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().DeleteCollection(w.ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	uuid := w.sb.Nodes()[0].GPUUUIDs[0]
+	p := pod("forged", "mig", 1, 4000)
+	p.Spec.SchedulerName = "nobody" // no scheduler binds it
+	var err error
+	w.waitFor("the policies gone", 30*time.Second, func() (bool, string) {
+		_, err = w.c.CoreV1().Pods("default").Create(w.ctx, p, metav1.CreateOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
+	forged := fmt.Sprintf(`[{"containerIndex":0,"deviceIndex":0,"gpuUUID":%q,"profile":"1g.5gb","placement":{"start":0,"size":1}}]`, uuid)
+	created := w.get("forged")
+	if err := w.c.CoreV1().Pods("default").Bind(w.ctx, &v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: "forged", Namespace: "default", UID: created.UID,
+			Annotations: map[string]string{api.MigReservationsAnnotation: forged, api.BindPhaseAnnotation: api.BindPhaseAllocating}},
+		Target: v1.ObjectReference{Kind: "Node", Name: "n"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("kubelet to fail the forged pod", 30*time.Second, func() (bool, string) {
+		got := w.get("forged")
+		return got.Status.Phase == v1.PodFailed, string(got.Status.Phase)
+	})
+	if msg := w.get("forged").Status.Message; !strings.Contains(msg, "hand-off") {
+		t.Errorf("the refusal should say why: %q", msg)
+	}
+	if hw := w.instances("n"); len(hw) != 0 {
+		t.Errorf("a forged reservation got instances: %v", hw)
+	}
+}
+
+func TestManyPodsAcrossNodes(t *testing.T) {
+	var nodes []sandbox.NodeConfig
+	for i := 0; i < 10; i++ {
+		nodes = append(nodes, mig(fmt.Sprintf("n%d", i), "A100-40GB", "A100-40GB", "A100-40GB"))
+	}
+	w := start(t, nodes...)
+	var names []string
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for i := 0; i < 200; i++ {
+		name := fmt.Sprintf("p%03d", i)
+		names = append(names, name)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := w.c.CoreV1().Pods("default").Create(w.ctx, pod(name, "mig", 1, 4000), metav1.CreateOptions{}); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	recs := w.running(names...)
+	if len(recs) != 200 {
+		t.Fatalf("%d of 200 realised", len(recs))
+	}
+	noOverlap(t, recs)
+	perNode := map[string]map[string][]api.MigReservation{}
+	for name := range recs {
+		n := w.get(name).Spec.NodeName
+		if perNode[n] == nil {
+			perNode[n] = map[string][]api.MigReservation{}
+		}
+		perNode[n][name] = recs[name]
+	}
+	for n, rs := range perNode {
+		w.sameHardware(n, rs)
+	}
+	if err := w.c.CoreV1().Pods("default").DeleteCollection(w.ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		w.waitFor("every instance reclaimed on "+n.Name, 60*time.Second, func() (bool, string) {
+			hw, err := w.sb.Instances(n.Name)
+			return err == nil && len(hw) == 0, fmt.Sprintf("%d left", len(hw))
+		})
+	}
+}

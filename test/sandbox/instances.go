@@ -1,0 +1,202 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dynamig/dynamig/api"
+)
+
+// Instance is a MIG instance as a node's device plugin reports it (dynamig_mig_instance),
+// with the pod it was made for (empty when dynamig did not make it).
+type Instance struct {
+	GPUUUID           string
+	Profile           string
+	Placement         api.Placement
+	GPUInstanceID     int
+	ComputeInstanceID int
+	PodNamespace      string
+	PodName           string
+}
+
+func (in Instance) String() string {
+	owner := "(not dynamig's)"
+	if in.PodName != "" {
+		owner = in.PodNamespace + "/" + in.PodName
+	}
+	return fmt.Sprintf("%s %s %s gi=%d ci=%d %s", in.GPUUUID, in.Profile, in.Placement, in.GPUInstanceID, in.ComputeInstanceID, owner)
+}
+
+// Instances reads the MIG instances on node's simulated GPUs from its device plugin's
+// /metrics (dynamig_mig_instance, which lists what NVML reports), sorted by GPU and
+// placement.
+//
+// The device plugins of a sandbox share one process and so one metrics registry, which
+// reports every node's instances: series are filtered by the node's GPU UUIDs.
+func (s *Sandbox) Instances(node string) ([]Instance, error) {
+	n := s.node(node)
+	if n == nil {
+		return nil, fmt.Errorf("no sandbox node %q", node)
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, n.metricsURL(), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return nil, fmt.Errorf("%s: %s: %s", n.metricsURL(), resp.Status, body)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", n.metricsURL(), err)
+	}
+	ours := map[string]bool{}
+	for _, id := range n.info().GPUUUIDs {
+		ours[id] = true
+	}
+	var out []Instance
+	if mf := families["dynamig_mig_instance"]; mf != nil {
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				l[lp.GetName()] = lp.GetValue()
+			}
+			if !ours[l["gpu_uuid"]] {
+				continue
+			}
+			in := Instance{GPUUUID: l["gpu_uuid"], Profile: l["profile"], PodNamespace: l["pod_namespace"], PodName: l["pod_name"]}
+			for _, f := range []struct {
+				label string
+				to    *int
+			}{{"placement_start", &in.Placement.Start}, {"placement_size", &in.Placement.Size},
+				{"gpu_instance_id", &in.GPUInstanceID}, {"compute_instance_id", &in.ComputeInstanceID}} {
+				if *f.to, err = strconv.Atoi(l[f.label]); err != nil {
+					return nil, fmt.Errorf("dynamig_mig_instance: label %s=%q: %w", f.label, l[f.label], err)
+				}
+			}
+			out = append(out, in)
+		}
+	}
+	slices.SortFunc(out, func(a, b Instance) int {
+		if c := strings.Compare(a.GPUUUID, b.GPUUUID); c != 0 {
+			return c
+		}
+		return a.Placement.Start - b.Placement.Start
+	})
+	return out, nil
+}
+
+// GPUOccupancy is one MIG GPU's reservations, by placement.
+type GPUOccupancy struct {
+	Node  string
+	GPU   api.GPU
+	Slots []SlotRange
+}
+
+// SlotRange is a placement interval and what holds it; Pod is "" for free slots.
+type SlotRange struct {
+	Placement api.Placement
+	Pod       string // namespace/name, or name in the default namespace
+	Profile   string
+	Realized  bool
+}
+
+// String prints `node GPU-… (type): [0,2) pod 2g.10gb | … | [6,8) free`; a hami-core GPU
+// has no slots.
+func (o GPUOccupancy) String() string {
+	head := fmt.Sprintf("%s %s (%s):", o.Node, o.GPU.ID, o.GPU.Type)
+	if o.GPU.Mode != api.ModeMIG {
+		return head + " " + o.GPU.Mode + " (shared, not partitioned)"
+	}
+	var parts []string
+	for _, r := range o.Slots {
+		if r.Pod == "" {
+			parts = append(parts, r.Placement.String()+" free")
+		} else {
+			parts = append(parts, fmt.Sprintf("%s %s %s", r.Placement, r.Pod, r.Profile))
+		}
+	}
+	return head + " " + strings.Join(parts, " | ")
+}
+
+// Occupancy maps every GPU of every sandbox node (from the published inventories) to the
+// MIG reservations of the pods bound there that have not ended, with the free intervals in
+// between.
+func (s *Sandbox) Occupancy(ctx context.Context) ([]GPUOccupancy, error) {
+	pods, err := s.admin.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []GPUOccupancy
+	for _, n := range s.nodes {
+		node, err := s.admin.CoreV1().Nodes().Get(ctx, n.cfg.Name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		gpus, err := api.DecodeInventory(node.Annotations[api.NodeInventoryAnnotation])
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.cfg.Name, err)
+		}
+		byGPU := map[string][]SlotRange{}
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if p.Spec.NodeName != n.cfg.Name || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+				continue
+			}
+			raw, ok := p.Annotations[api.MigReservationsAnnotation]
+			if !ok {
+				continue
+			}
+			recs, err := api.DecodeMigReservations(raw)
+			if err != nil {
+				return nil, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
+			}
+			name := p.Name
+			if p.Namespace != metav1.NamespaceDefault {
+				name = p.Namespace + "/" + p.Name
+			}
+			for _, r := range recs {
+				byGPU[r.GPUUUID] = append(byGPU[r.GPUUUID], SlotRange{Placement: r.Placement, Pod: name, Profile: r.Profile, Realized: r.Realized()})
+			}
+		}
+		for _, g := range gpus {
+			o := GPUOccupancy{Node: n.cfg.Name, GPU: g}
+			if g.Mode == api.ModeMIG {
+				used := byGPU[g.ID]
+				slices.SortFunc(used, func(a, b SlotRange) int { return a.Placement.Start - b.Placement.Start })
+				at := 0
+				for _, r := range used {
+					if r.Placement.Start > at {
+						o.Slots = append(o.Slots, SlotRange{Placement: api.Placement{Start: at, Size: r.Placement.Start - at}})
+					}
+					o.Slots = append(o.Slots, r)
+					at = max(at, r.Placement.End())
+				}
+				if slots := g.SlotCount(); slots > at {
+					o.Slots = append(o.Slots, SlotRange{Placement: api.Placement{Start: at, Size: slots - at}})
+				}
+			}
+			out = append(out, o)
+		}
+	}
+	return out, nil
+}

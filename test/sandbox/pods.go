@@ -1,0 +1,172 @@
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/dynamig/dynamig/api"
+)
+
+// DecodePods decodes the Pods of a YAML stream (documents separated by ---). Any other
+// kind is an error naming it.
+func DecodePods(data []byte) ([]*v1.Pod, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var out []*v1.Pod
+	for i := 0; ; i++ {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(bytes.TrimSpace(doc)) == 0 || isComments(doc) {
+			continue
+		}
+		obj, gvk, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", i+1, err)
+		}
+		p, ok := obj.(*v1.Pod)
+		if !ok {
+			return nil, fmt.Errorf("document %d: a %s, not a Pod", i+1, gvk.Kind)
+		}
+		out = append(out, p)
+	}
+}
+
+func isComments(doc []byte) bool {
+	for _, line := range strings.Split(string(doc), "\n") {
+		if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "#") {
+			return false
+		}
+	}
+	return true
+}
+
+// ReadPods reads the Pods of every *.yaml and *.yml file in dir, in file name order.
+func ReadPods(dir string) ([]*v1.Pod, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []*v1.Pod
+	for _, e := range entries {
+		if e.IsDir() || !(strings.HasSuffix(e.Name(), ".yaml") || strings.HasSuffix(e.Name(), ".yml")) {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		pods, err := DecodePods(data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		out = append(out, pods...)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no Pods in *.yaml files", dir)
+	}
+	return out, nil
+}
+
+// CreatePods creates the pods as the admin identity (namespace "default" when a pod names
+// none) and returns them as created.
+func (s *Sandbox) CreatePods(ctx context.Context, pods ...*v1.Pod) ([]*v1.Pod, error) {
+	var out []*v1.Pod
+	for _, p := range pods {
+		p = p.DeepCopy()
+		if p.Namespace == "" {
+			p.Namespace = metav1.NamespaceDefault
+		}
+		created, err := s.admin.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+		if err != nil {
+			return out, fmt.Errorf("creating pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		out = append(out, created)
+	}
+	return out, nil
+}
+
+// WaitRunning waits until every named pod of namespace is Running and, if it has MIG
+// reservations, all of them are realised (bind-phase success, MIG UUIDs written back). A
+// pod that fails (admission refused it, say) ends the wait with its reason. The error of a
+// timeout says what each pod still lacks.
+func (s *Sandbox) WaitRunning(ctx context.Context, timeout time.Duration, namespace string, names ...string) ([]*v1.Pod, error) {
+	out := make([]*v1.Pod, len(names))
+	var pending []string
+	var failed error
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		pending = pending[:0]
+		for i, name := range names {
+			p, err := s.admin.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				pending = append(pending, fmt.Sprintf("%s: %v", name, err))
+				continue
+			}
+			out[i] = p
+			if why := notRunning(p); why != "" {
+				if p.Status.Phase == v1.PodFailed || p.Status.Phase == v1.PodSucceeded {
+					failed = fmt.Errorf("pod %s/%s: %s", namespace, name, why)
+					return false, failed
+				}
+				pending = append(pending, name+": "+why)
+			}
+		}
+		return len(pending) == 0, nil
+	})
+	if failed != nil {
+		return out, failed
+	}
+	if err != nil {
+		return out, fmt.Errorf("waiting %s for pods to run with realised reservations: %w; still: %s", timeout, err, strings.Join(pending, "; "))
+	}
+	return out, nil
+}
+
+// notRunning says why p is not running with its reservations realised; "" when it is.
+func notRunning(p *v1.Pod) string {
+	if p.Status.Phase == v1.PodFailed || p.Status.Phase == v1.PodSucceeded {
+		return fmt.Sprintf("phase %s: %s: %s", p.Status.Phase, p.Status.Reason, p.Status.Message)
+	}
+	if p.Spec.NodeName == "" {
+		for _, c := range p.Status.Conditions {
+			if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse {
+				return fmt.Sprintf("not scheduled: %s: %s", c.Reason, c.Message)
+			}
+		}
+		return "not scheduled yet"
+	}
+	if p.Status.Phase != v1.PodRunning {
+		return fmt.Sprintf("bound to %s, phase %q", p.Spec.NodeName, p.Status.Phase)
+	}
+	raw, ok := p.Annotations[api.MigReservationsAnnotation]
+	if !ok {
+		return ""
+	}
+	recs, err := api.DecodeMigReservations(raw)
+	if err != nil {
+		return err.Error()
+	}
+	if i := slices.IndexFunc(recs, func(r api.MigReservation) bool { return !r.Realized() }); i >= 0 {
+		return fmt.Sprintf("reservation %d not realised (bind-phase %q)", i, p.Annotations[api.BindPhaseAnnotation])
+	}
+	return ""
+}

@@ -1,0 +1,415 @@
+// Package sandbox runs a whole dynamig cluster in one process, for cmd/dynamig-sandbox and
+// for tests: an embedded etcd and the real kube-apiserver (test/cluster, admission with
+// ValidatingAdmissionPolicy), the real dynamig-scheduler from a KubeSchedulerConfiguration
+// file, and per simulated node a Node object, the real `dynamig-device-plugin run` on
+// simulated NVML, and a kubelet stand-in (test/kubelet) that admits the pods bound to the
+// node (Allocate, as kubelet does), runs them, and finishes them when they are deleted.
+//
+// Each component has its own identity: the scheduler test/cluster's UserScheduler, every
+// device plugin UserDevicePlugin, each node's kubelet system:node:<name>, and the
+// kubeconfig the sandbox writes UserAdmin.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.yaml.in/yaml/v3"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/plugins/dynamicmig"
+	"github.com/dynamig/dynamig/test/cluster"
+)
+
+// DefaultSchedulerConfig is the shipped KubeSchedulerConfiguration, relative to the
+// repository root.
+const DefaultSchedulerConfig = "manifests/scheduler-config.yaml"
+
+// Options configure a sandbox.
+type Options struct {
+	// Config is the world to simulate; see DefaultConfig.
+	Config Config
+	// SchedulerConfig is the KubeSchedulerConfiguration the scheduler runs (typically
+	// manifests/scheduler-config.yaml); its clientConnection and leader election are
+	// replaced, and DynamicMIG's deviceConfigFile is set to the sandbox's device config.
+	SchedulerConfig string
+	// Log receives the API server's and the device plugins' command output; nil discards
+	// it. (Components logging through klog log wherever the process configured klog.)
+	Log io.Writer
+	// ReadyTimeout bounds the start; 0 is two minutes.
+	ReadyTimeout time.Duration
+	// AdmissionPolicies is the ValidatingAdmissionPolicy manifest to apply before any node
+	// starts (typically manifests/admission-policies.yaml); "" applies none.
+	AdmissionPolicies string
+}
+
+// Sandbox is a running in-process cluster.
+type Sandbox struct {
+	cp           *cluster.ControlPlane
+	admin        kubernetes.Interface
+	dir          string // the sandbox's own temporary directory (device config)
+	deviceConfig string
+	devCfg       *config.DeviceConfig
+	log          io.Writer
+
+	schedulerStop    func()
+	schedulerMetrics string
+	metricsServer    *http.Server
+	metricsDone      chan struct{}
+
+	nodes []*node
+
+	schedulerConfig string
+
+	// ctx lives until Stop: the components run under it.
+	ctx      context.Context
+	cancel   context.CancelFunc
+	stopOnce sync.Once
+}
+
+// NodeInfo describes a running simulated node.
+type NodeInfo struct {
+	Name string `json:"-"`
+	// DeviceMetrics is the node's device plugin /metrics URL.
+	DeviceMetrics string   `json:"deviceMetrics"`
+	Mode          string   `json:"mode"`
+	GPUs          []string `json:"gpus"`
+	// GPUUUIDs are the simulated GPUs' UUIDs, from the node's published inventory.
+	GPUUUIDs []string `json:"gpuUUIDs"`
+}
+
+// Start starts the control plane, the nodes and the scheduler, and returns once every
+// node's device plugin has registered its devices with the node's kubelet stand-in,
+// published its inventory and heartbeat, and the Node advertises the devices. ctx bounds
+// the start only; call Stop to shut everything down.
+func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
+	if err := opts.Config.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.SchedulerConfig == "" {
+		opts.SchedulerConfig = DefaultSchedulerConfig
+	}
+	if _, err := os.Stat(opts.SchedulerConfig); err != nil {
+		return nil, fmt.Errorf("scheduler config: %w", err)
+	}
+	timeout := opts.ReadyTimeout
+	if timeout == 0 {
+		timeout = 2 * time.Minute
+	}
+	ctx, cancelStart := context.WithTimeout(ctx, timeout)
+	defer cancelStart()
+	log := opts.Log
+	if log == nil {
+		log = io.Discard
+	}
+	s := &Sandbox{log: log}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	defer func() {
+		if err != nil {
+			s.Stop()
+		}
+	}()
+	devCfg, devCfgYAML, err := opts.Config.deviceConfig()
+	if err != nil {
+		return nil, err
+	}
+	s.devCfg = devCfg
+	if s.dir, err = os.MkdirTemp("", "dynamig-sandbox-"); err != nil {
+		return nil, err
+	}
+	s.deviceConfig = filepath.Join(s.dir, "device-config.yaml")
+	if err := os.WriteFile(s.deviceConfig, devCfgYAML, 0o600); err != nil {
+		return nil, err
+	}
+
+	users := map[string][]string{}
+	for _, n := range opts.Config.Nodes {
+		users[nodeUser(n.Name)] = []string{"system:masters", "system:nodes"}
+	}
+	if s.cp, err = cluster.StartProcess(ctx, cluster.Options{Users: users, Log: log}); err != nil {
+		return nil, err
+	}
+	if s.admin, err = s.cp.Client(cluster.UserAdmin); err != nil {
+		return nil, err
+	}
+	dpKubeconfig, err := s.cp.WriteKubeconfig(cluster.UserDevicePlugin)
+	if err != nil {
+		return nil, err
+	}
+	if opts.AdmissionPolicies != "" {
+		if err := cluster.ApplyAdmissionPolicies(ctx, s.admin, opts.AdmissionPolicies); err != nil {
+			return nil, fmt.Errorf("admission policies: %w", err)
+		}
+	}
+	s.schedulerConfig = opts.SchedulerConfig
+
+	// Nodes, one at a time: each is ready (devices registered, inventory published) before
+	// the next starts.
+	for _, nc := range opts.Config.Nodes {
+		n, err := s.newNode(nc)
+		s.nodes = append(s.nodes, n)
+		if err != nil {
+			return nil, err
+		}
+	}
+	for _, nc := range opts.Config.Nodes {
+		n := s.node(nc.Name)
+		if err := n.start(ctx, dpKubeconfig); err != nil {
+			return nil, fmt.Errorf("node %s: %w", nc.Name, err)
+		}
+		if err := n.waitReady(ctx); err != nil {
+			return nil, fmt.Errorf("node %s: %w", nc.Name, err)
+		}
+	}
+
+	// The scheduler, with its DynamicMIG metrics on a port of its own.
+	if err := s.startScheduler(opts.SchedulerConfig); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func nodeUser(node string) string { return "system:node:" + node }
+
+func (s *Sandbox) node(name string) *node {
+	for _, n := range s.nodes {
+		if n.cfg.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// RestartDevicePlugin stops node's device plugin and starts a new one on the same simulated
+// GPUs (their MIG instances stay, as on real hardware), and waits until it has registered
+// with the node's kubelet stand-in again.
+func (s *Sandbox) RestartDevicePlugin(ctx context.Context, node string) error {
+	n := s.node(node)
+	if n == nil {
+		return fmt.Errorf("no sandbox node %q", node)
+	}
+	return n.restartDevicePlugin(ctx)
+}
+
+// RestartScheduler stops the scheduler and starts a new one, with an empty cache.
+func (s *Sandbox) RestartScheduler(ctx context.Context) error {
+	s.schedulerStop()
+	s.schedulerStop = nil
+	file, err := s.cp.SchedulerConfig(s.schedulerConfig)
+	if err != nil {
+		return err
+	}
+	if err := setDeviceConfigFile(file, s.deviceConfig); err != nil {
+		return err
+	}
+	stop, err := cluster.StartScheduler(s.ctx, s.cp, file)
+	if err != nil {
+		return err
+	}
+	s.schedulerStop = stop
+	return nil
+}
+
+func (s *Sandbox) startScheduler(src string) error {
+	file, err := s.cp.SchedulerConfig(src)
+	if err != nil {
+		return fmt.Errorf("scheduler config: %w", err)
+	}
+	if err := setDeviceConfigFile(file, s.deviceConfig); err != nil {
+		return fmt.Errorf("scheduler config %s: %w", src, err)
+	}
+	stop, err := cluster.StartScheduler(s.ctx, s.cp, file)
+	if err != nil {
+		return err
+	}
+	s.schedulerStop = stop
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	s.schedulerMetrics = "http://" + ln.Addr().String() + "/metrics"
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(dynamicmig.Registry, promhttp.HandlerOpts{}))
+	s.metricsServer = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	s.metricsDone = make(chan struct{})
+	go func() {
+		defer close(s.metricsDone)
+		_ = s.metricsServer.Serve(ln)
+	}()
+	return nil
+}
+
+// setDeviceConfigFile sets DynamicMIG's deviceConfigFile in every profile's pluginConfig
+// of the KubeSchedulerConfiguration at file.
+func setDeviceConfigFile(file, deviceConfig string) error {
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return err
+	}
+	profiles, _ := doc["profiles"].([]any)
+	found := false
+	for _, p := range profiles {
+		pm, _ := p.(map[string]any)
+		pcs, _ := pm["pluginConfig"].([]any)
+		for _, pc := range pcs {
+			m, _ := pc.(map[string]any)
+			if m == nil || m["name"] != "DynamicMIG" {
+				continue
+			}
+			args, _ := m["args"].(map[string]any)
+			if args == nil {
+				args = map[string]any{}
+				m["args"] = args
+			}
+			args["deviceConfigFile"] = deviceConfig
+			found = true
+		}
+	}
+	if !found {
+		return errors.New("no profile has a DynamicMIG pluginConfig entry")
+	}
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, out, 0o600)
+}
+
+// Stop shuts everything down, last started first, and removes every file the sandbox
+// wrote. It is idempotent.
+func (s *Sandbox) Stop() {
+	s.stopOnce.Do(func() {
+		if s.schedulerStop != nil {
+			s.schedulerStop()
+		}
+		if s.metricsServer != nil {
+			shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = s.metricsServer.Shutdown(shutdown)
+			cancel()
+			<-s.metricsDone
+		}
+		s.cancel()
+		var wg sync.WaitGroup
+		for _, n := range s.nodes {
+			wg.Add(1)
+			go func() { defer wg.Done(); n.stop() }()
+		}
+		wg.Wait()
+		if s.cp != nil {
+			s.cp.Stop()
+		}
+		if s.dir != "" {
+			_ = os.RemoveAll(s.dir)
+		}
+	})
+}
+
+// Client is a clientset of the admin identity (cluster.UserAdmin).
+func (s *Sandbox) Client() kubernetes.Interface { return s.admin }
+
+// RestConfig is the admin identity's client config.
+func (s *Sandbox) RestConfig() *rest.Config { return rest.CopyConfig(s.cp.Config) }
+
+// Kubeconfig is the path of a kubeconfig of the admin identity (removed by Stop).
+func (s *Sandbox) Kubeconfig() string { return s.cp.Kubeconfig }
+
+// APIServer is the API server's URL.
+func (s *Sandbox) APIServer() string { return s.cp.Config.Host }
+
+// ControlPlane is the underlying control plane (audit log, other identities).
+func (s *Sandbox) ControlPlane() *cluster.ControlPlane { return s.cp }
+
+// SchedulerMetrics is the URL serving the DynamicMIG plugin's metrics.
+func (s *Sandbox) SchedulerMetrics() string { return s.schedulerMetrics }
+
+// DeviceConfigFile is the device-config.yaml the scheduler and every device plugin use.
+func (s *Sandbox) DeviceConfigFile() string { return s.deviceConfig }
+
+// Nodes describes the simulated nodes, in the config's order.
+func (s *Sandbox) Nodes() []NodeInfo {
+	var out []NodeInfo
+	for _, n := range s.nodes {
+		out = append(out, n.info())
+	}
+	return out
+}
+
+// State is what `dynamig-sandbox --state-out` writes.
+type State struct {
+	APIServer        string              `json:"apiserver"`
+	Kubeconfig       string              `json:"kubeconfig"`
+	SchedulerMetrics string              `json:"schedulerMetrics"`
+	Nodes            map[string]NodeInfo `json:"nodes"`
+}
+
+// State describes the running sandbox; kubeconfig is the path to report (the caller may
+// have copied Kubeconfig elsewhere).
+func (s *Sandbox) State(kubeconfig string) State {
+	st := State{APIServer: s.APIServer(), Kubeconfig: kubeconfig, SchedulerMetrics: s.schedulerMetrics, Nodes: map[string]NodeInfo{}}
+	for _, n := range s.Nodes() {
+		st.Nodes[n.Name] = n
+	}
+	return st
+}
+
+// FinishPod makes a running pod end, as its containers exiting would: phase Succeeded
+// (exit code 0) or Failed (exit code 1), every container terminated, not ready. The pod's
+// node's kubelet stand-in writes the status and frees its devices; its device plugin then
+// reclaims its MIG instances.
+func (s *Sandbox) FinishPod(ctx context.Context, namespace, name string, succeeded bool) error {
+	p, err := s.admin.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	n := s.node(p.Spec.NodeName)
+	if n == nil {
+		return fmt.Errorf("pod %s/%s is not bound to a sandbox node (nodeName %q)", namespace, name, p.Spec.NodeName)
+	}
+	return n.finish(ctx, p, succeeded)
+}
+
+// updatePodStatus applies mutate to the latest pod and writes its status, retrying on
+// conflicts. A pod that is gone is not an error.
+func updatePodStatus(ctx context.Context, client kubernetes.Interface, p *v1.Pod, mutate func(*v1.Pod)) error {
+	first := true
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := p
+		if !first {
+			var err error
+			if cur, err = client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{}); err != nil {
+				return err
+			}
+			if cur.UID != p.UID {
+				return apierrors.NewNotFound(v1.Resource("pods"), p.Name)
+			}
+		}
+		first = false
+		cur = cur.DeepCopy()
+		mutate(cur)
+		_, err := client.CoreV1().Pods(cur.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
