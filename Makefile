@@ -59,9 +59,9 @@ demo:
 	$(GO) build -o $(BIN)/dynamig-sandbox ./cmd/dynamig-sandbox
 	$(BIN)/dynamig-sandbox demo --examples examples --scheduler-config manifests/scheduler-config.yaml
 
-# kubectl, built from the pinned Kubernetes module, to drive the sandbox by hand.
+# kubectl from the pinned Kubernetes modules (cmd/kubectl), to drive the sandbox by hand.
 kubectl:
-	$(GO) build -o $(BIN)/kubectl k8s.io/kubernetes/cmd/kubectl
+	$(GO) build -o $(BIN)/ ./cmd/kubectl
 
 # Allocator benchmarks, written to docs/benchmarks/allocator.md with the command and machine.
 bench-allocator:
