@@ -6,11 +6,8 @@
 package admission
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -25,7 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
 	"k8s.io/apiserver/pkg/cel/openapi/resolver"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -99,24 +95,13 @@ func applyPolicies(ctx context.Context, t *testing.T, admin kubernetes.Interface
 	if err != nil {
 		t.Fatal(err)
 	}
-	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
+	objs, err := cluster.DecodeManifest(raw)
+	if err != nil {
+		t.Fatalf("decoding %s: %v", policiesFile, err)
+	}
 	var policies []*admissionregistrationv1.ValidatingAdmissionPolicy
 	var bindings int
-	for {
-		doc, err := reader.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
-			continue
-		}
-		obj, gvk, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		if err != nil {
-			t.Fatalf("decoding %s: %v\n%s", policiesFile, err, doc)
-		}
+	for _, obj := range objs {
 		switch o := obj.(type) {
 		case *admissionregistrationv1.ValidatingAdmissionPolicy:
 			policies = append(policies, o)
@@ -132,7 +117,7 @@ func applyPolicies(ctx context.Context, t *testing.T, admin kubernetes.Interface
 				t.Fatalf("creating binding %s: %v", o.Name, err)
 			}
 		default:
-			t.Fatalf("%s: unexpected %s", policiesFile, gvk)
+			t.Fatalf("%s: unexpected %T", policiesFile, obj)
 		}
 	}
 	if len(policies) != 3 || bindings != 3 {
@@ -555,17 +540,6 @@ func cpuPod(name, schedulerName, nodeName string) *v1.Pod {
 		Spec: v1.PodSpec{SchedulerName: schedulerName, NodeName: nodeName, Containers: []v1.Container{{
 			Name: "c", Image: "busybox", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{v1.ResourceCPU: resource.MustParse("100m")}}}}},
 	}
-}
-
-// stripComments drops the YAML comment lines of a document.
-func stripComments(doc []byte) []byte {
-	var out [][]byte
-	for _, line := range bytes.Split(doc, []byte("\n")) {
-		if !bytes.HasPrefix(bytes.TrimSpace(line), []byte("#")) {
-			out = append(out, line)
-		}
-	}
-	return bytes.Join(out, []byte("\n"))
 }
 
 // annotationsPatch is a JSON merge patch of the pod's annotations (nil removes a key).

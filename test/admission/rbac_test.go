@@ -1,11 +1,7 @@
 package admission
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
-	"io"
 	"os"
 	"testing"
 
@@ -14,9 +10,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/test/cluster"
@@ -95,22 +89,11 @@ func applyRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
-	for {
-		doc, err := reader.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
-			continue
-		}
-		obj, gvk, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		if err != nil {
-			t.Fatalf("decoding %s: %v\n%s", rbacFile, err, doc)
-		}
+	objs, err := cluster.DecodeManifest(raw)
+	if err != nil {
+		t.Fatalf("decoding %s: %v", rbacFile, err)
+	}
+	for _, obj := range objs {
 		co := metav1.CreateOptions{}
 		switch o := obj.(type) {
 		case *v1.Namespace:
@@ -129,10 +112,10 @@ func applyRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 		case *rbacv1.RoleBinding:
 			_, err = admin.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, co)
 		default:
-			t.Fatalf("%s: unexpected %s", rbacFile, gvk)
+			t.Fatalf("%s: unexpected %T", rbacFile, obj)
 		}
 		if err != nil {
-			t.Fatalf("creating %s: %v", gvk.Kind, err)
+			t.Fatalf("creating %T: %v", obj, err)
 		}
 	}
 }

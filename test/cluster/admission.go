@@ -1,12 +1,8 @@
 package cluster
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"time"
 
@@ -15,9 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/dynamig/dynamig/api"
 )
@@ -30,32 +24,21 @@ func ApplyAdmissionPolicies(ctx context.Context, admin kubernetes.Interface, pat
 	if err != nil {
 		return err
 	}
-	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
-	for i := 1; ; i++ {
-		doc, err := reader.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		obj, gvk, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		if err != nil {
-			if len(bytes.TrimSpace(doc)) == 0 || isCommentOnly(doc) {
-				continue
-			}
-			return fmt.Errorf("%s, document %d: %w", path, i, err)
-		}
+	objs, err := DecodeManifest(raw)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	for i, obj := range objs {
 		switch o := obj.(type) {
 		case *admissionregistrationv1.ValidatingAdmissionPolicy:
 			_, err = admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
 		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
 			_, err = admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
 		default:
-			err = fmt.Errorf("unexpected %s", gvk)
+			err = fmt.Errorf("unexpected %T", obj)
 		}
 		if err != nil {
-			return fmt.Errorf("%s, document %d: %w", path, i, err)
+			return fmt.Errorf("%s, object %d: %w", path, i+1, err)
 		}
 	}
 	probe := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "admission-probe", Namespace: "default"},
@@ -65,13 +48,4 @@ func ApplyAdmissionPolicies(ctx context.Context, admin kubernetes.Interface, pat
 		_, err := admin.CoreV1().Pods("default").Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err != nil, nil
 	})
-}
-
-func isCommentOnly(doc []byte) bool {
-	for _, line := range bytes.Split(doc, []byte("\n")) {
-		if l := bytes.TrimSpace(line); len(l) > 0 && l[0] != '#' {
-			return false
-		}
-	}
-	return true
 }

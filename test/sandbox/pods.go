@@ -1,12 +1,8 @@
 package sandbox
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,47 +12,27 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/test/cluster"
 )
 
 // DecodePods decodes the Pods of a YAML stream (documents separated by ---). Any other
 // kind is an error naming it.
 func DecodePods(data []byte) ([]*v1.Pod, error) {
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	var out []*v1.Pod
-	for i := 0; ; i++ {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		if len(bytes.TrimSpace(doc)) == 0 || isComments(doc) {
-			continue
-		}
-		obj, gvk, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		if err != nil {
-			return nil, fmt.Errorf("document %d: %w", i+1, err)
-		}
+	objs, err := cluster.DecodeManifest(data)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*v1.Pod, len(objs))
+	for i, obj := range objs {
 		p, ok := obj.(*v1.Pod)
 		if !ok {
-			return nil, fmt.Errorf("document %d: a %s, not a Pod", i+1, gvk.Kind)
+			return nil, fmt.Errorf("object %d: a %T, not a Pod", i+1, obj)
 		}
-		out = append(out, p)
+		out[i] = p
 	}
-}
-
-func isComments(doc []byte) bool {
-	for _, line := range strings.Split(string(doc), "\n") {
-		if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "#") {
-			return false
-		}
-	}
-	return true
+	return out, nil
 }
 
 // ReadPods reads the Pods of every *.yaml and *.yml file in dir, in file name order.
