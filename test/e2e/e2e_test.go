@@ -20,7 +20,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
@@ -35,19 +34,9 @@ const (
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(fs)
-	_ = fs.Set("logtostderr", "false")
-	_ = fs.Set("stderrthreshold", "FATAL")
-	if !testing.Verbose() {
-		klog.SetOutput(discard{})
-	}
+	sandbox.QuietLogs(testing.Verbose())
 	os.Exit(m.Run())
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // world is one suite's sandbox.
 type world struct {

@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/klog/v2"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
@@ -27,21 +26,9 @@ const schedulerConfig = "../../manifests/scheduler-config.yaml"
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	// The API server, scheduler and device plugins log through klog: keep it off the test
-	// output unless -v is given.
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(fs)
-	_ = fs.Set("logtostderr", "false")
-	_ = fs.Set("stderrthreshold", "FATAL")
-	if !testing.Verbose() {
-		klog.SetOutput(discard{})
-	}
+	QuietLogs(testing.Verbose())
 	os.Exit(m.Run())
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 func TestParseConfig(t *testing.T) {
 	cfg, err := ParseConfig([]byte(`

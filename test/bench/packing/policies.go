@@ -1,0 +1,272 @@
+package packing
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+)
+
+// Policy places one pod, all its devices on one node, or refuses it. It does not change
+// the state; the caller applies what it returns (nil: refused).
+type Policy interface {
+	Name() string
+	Place(st *State, d Demand) []Alloc
+}
+
+// Policies are the policies compared by the dynamic replay, dynamig first.
+func Policies() []Policy {
+	return []Policy{Dynamig{FragmentationAware: true}, Dynamig{}, HAMi{}, FirstFit{}}
+}
+
+// Dynamig is the real allocator: placement.Fit on every node with the shipped options
+// (MIG binpack), scored as the scheduler plugin scores the GPU term: 1000 × the node's GPU
+// utilisation after placement, minus 10 × the fragmentation cost when it is on. The
+// highest score wins; ties go to the lowest node index.
+type Dynamig struct{ FragmentationAware bool }
+
+func (p Dynamig) Name() string {
+	if p.FragmentationAware {
+		return "dynamig"
+	}
+	return "dynamig-no-frag"
+}
+
+func (p Dynamig) Place(st *State, d Demand) []Alloc {
+	opts := placement.Options{MIGPolicy: api.PolicyBinpack, HAMiCorePolicy: api.PolicySpread, FragmentationAware: p.FragmentationAware}
+	req := &placement.Request{Mode: api.ModeMIG, Containers: []placement.ContainerRequest{{Devices: d.Devices, MemoryMiB: d.MemoryMiB}}}
+	best, bestScore := -1, int64(0)
+	var bestRes *placement.Result
+	for n, gpus := range st.Nodes {
+		res, why := placement.Fit(gpus, req, opts)
+		if why != nil {
+			continue
+		}
+		score := int64(math.Round(1000 * placement.NodeUtilisation(gpus, res)))
+		if p.FragmentationAware {
+			score -= int64(10 * res.Cost)
+		}
+		if best < 0 || score > bestScore {
+			best, bestScore, bestRes = n, score, res
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	out := make([]Alloc, len(bestRes.Assignments))
+	for i, a := range bestRes.Assignments {
+		out[i] = Alloc{Node: best, GPU: a.GPU, Profile: a.Profile, Placement: a.Placement}
+	}
+	return out
+}
+
+// gpuUse is a GPU's occupancy as the baselines track it.
+type gpuUse struct {
+	used      uint32
+	instances int
+	count     map[string]int
+	cores     int
+	memory    int
+}
+
+func useOf(g *placement.GPU) gpuUse {
+	u := gpuUse{count: map[string]int{}}
+	for _, in := range g.MIG {
+		u.add(g, in.Profile, in.Placement)
+	}
+	return u
+}
+
+func (u *gpuUse) add(g *placement.GPU, profile string, pl api.Placement) {
+	u.used |= mask(pl)
+	u.instances++
+	u.count[profile]++
+	for _, p := range g.Info.MigProfiles {
+		if p.Name == profile {
+			u.cores += p.Core
+			u.memory += p.MemoryMB
+		}
+	}
+}
+
+// HAMi is HAMi v2.10's MIG placement with its defaults (node policy binpack, GPU policy
+// spread), as /work/shared/hami-v2.10.md describes it; written here, not taken from HAMi.
+//
+// Nodes are tried by HAMi's node score before the pod, highest first; HAMi breaks ties
+// effectively at random, here the lowest node index wins. On a node the GPUs are ordered
+// by the GPU score, lowest first, full ties to the highest index; the pod's devices (one
+// container) go on the first GPU until it has no room, then the next. On a GPU the
+// allowlisted profiles, by memory then slice count, with memory ≥ the request are tried in
+// turn, each at its placements in NVML's order — descending start for 1g.* and 3g.*,
+// ascending for the others — and the first placement overlapping no reservation wins. The
+// only limit is instances < Count (the largest instance count of the allowed profiles).
+//
+// A whole-device demand (MemoryMiB 0) asks HAMi for the full-GPU profile's memory
+// explicitly: HAMi's own default (100% of the card's memory) fits no MIG profile.
+type HAMi struct{}
+
+func (HAMi) Name() string { return "hami-v2.10" }
+
+// hamiCount is HAMi's Count of a MIG GPU: the largest instance count of its profiles.
+func hamiCount(g *placement.GPU) int {
+	n := 0
+	for _, p := range g.Info.MigProfiles {
+		n = max(n, p.Instances)
+	}
+	return n
+}
+
+// hamiScore is HAMi's score of one GPU, as the three fractions (used, cores, memory).
+func (c *Cluster) hamiFractions(g *placement.GPU, u *gpuUse) (used, total [3]float64) {
+	return [3]float64{float64(u.instances), float64(u.cores), float64(u.memory)},
+		[3]float64{float64(hamiCount(g)), 100, float64(c.Model.MemoryMiB)}
+}
+
+func score(used, total [3]float64) float64 {
+	s := 0.0
+	for i := range used {
+		if total[i] > 0 {
+			s += used[i] / total[i]
+		}
+	}
+	return 10 * s
+}
+
+func (h HAMi) Place(st *State, d Demand) []Alloc {
+	c := st.C
+	type nodeScore struct {
+		n     int
+		score float64
+	}
+	order := make([]nodeScore, len(st.Nodes))
+	for n, gpus := range st.Nodes {
+		var used, total [3]float64
+		for i := range gpus {
+			u := useOf(&gpus[i])
+			gu, gt := c.hamiFractions(&gpus[i], &u)
+			for k := range used {
+				used[k] += gu[k]
+				total[k] += gt[k]
+			}
+		}
+		order[n] = nodeScore{n, score(used, total)}
+	}
+	slices.SortStableFunc(order, func(a, b nodeScore) int { return cmp.Compare(b.score, a.score) })
+	for _, ns := range order {
+		if as := h.placeNode(st, ns.n, d); as != nil {
+			return as
+		}
+	}
+	return nil
+}
+
+func (HAMi) placeNode(st *State, n int, d Demand) []Alloc {
+	c, gpus := st.C, st.Nodes[n]
+	uses := make([]gpuUse, len(gpus))
+	scores := make([]float64, len(gpus))
+	order := make([]int, len(gpus))
+	for i := range gpus {
+		uses[i] = useOf(&gpus[i])
+		scores[i] = score(c.hamiFractions(&gpus[i], &uses[i]))
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Or(cmp.Compare(scores[a], scores[b]), cmp.Compare(b, a)) })
+	mem := c.memory(d)
+	var out []Alloc
+	pos := 0
+	for range d.Devices {
+		placed := false
+		for ; pos < len(order) && !placed; pos++ {
+			i := order[pos]
+			if prof, pl, ok := hamiOnGPU(c, &gpus[i], &uses[i], mem); ok {
+				uses[i].add(&gpus[i], prof, pl)
+				out = append(out, Alloc{Node: n, GPU: i, Profile: prof, Placement: pl})
+				placed = true
+				pos-- // stay on this GPU for the next device
+			}
+		}
+		if !placed {
+			return nil
+		}
+	}
+	return out
+}
+
+// hamiOnGPU is HAMi's choice of profile and placement on one GPU.
+func hamiOnGPU(c *Cluster, g *placement.GPU, u *gpuUse, mem int) (string, api.Placement, bool) {
+	if u.instances >= hamiCount(g) {
+		return "", api.Placement{}, false
+	}
+	for _, p := range c.profiles {
+		if p.MemoryMB < mem {
+			continue
+		}
+		n := len(p.Placements)
+		desc := strings.HasPrefix(p.Name, "1g.") || strings.HasPrefix(p.Name, "3g.")
+		for k := range n {
+			j := k
+			if desc {
+				j = n - 1 - k
+			}
+			if pl := p.Placements[j]; mask(pl)&u.used == 0 {
+				return p.Name, pl, true
+			}
+		}
+	}
+	return "", api.Placement{}, false
+}
+
+// FirstFit takes the first GPU (nodes in order, GPUs in index order) that fits a device,
+// and on it the smallest profile (by memory, then slices) with memory ≥ the request at its
+// lowest free start. Limits: no overlap and each profile's instance count. A pod's devices
+// stay on one node.
+type FirstFit struct{}
+
+func (FirstFit) Name() string { return "first-fit" }
+
+func (FirstFit) Place(st *State, d Demand) []Alloc {
+	c := st.C
+	mem := c.memory(d)
+	for n, gpus := range st.Nodes {
+		uses := make([]gpuUse, len(gpus))
+		for i := range gpus {
+			uses[i] = useOf(&gpus[i])
+		}
+		var out []Alloc
+		for range d.Devices {
+			a, ok := firstFitDevice(c, gpus, uses, mem)
+			if !ok {
+				out = nil
+				break
+			}
+			a.Node = n
+			uses[a.GPU].add(&gpus[a.GPU], a.Profile, a.Placement)
+			out = append(out, a)
+		}
+		if out != nil {
+			return out
+		}
+	}
+	return nil
+}
+
+func firstFitDevice(c *Cluster, gpus []placement.GPU, uses []gpuUse, mem int) (Alloc, bool) {
+	for i := range gpus {
+		for _, p := range c.profiles {
+			if p.MemoryMB < mem || (p.Instances > 0 && uses[i].count[p.Name] >= p.Instances) {
+				continue
+			}
+			starts := slices.Clone(p.Placements)
+			slices.SortFunc(starts, func(a, b api.Placement) int { return cmp.Compare(a.Start, b.Start) })
+			for _, pl := range starts {
+				if mask(pl)&uses[i].used == 0 {
+					return Alloc{GPU: i, Profile: p.Name, Placement: pl}, true
+				}
+			}
+		}
+	}
+	return Alloc{}, false
+}
