@@ -23,30 +23,17 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("dynamig-sandbox demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	examples := fs.String("examples", "examples", "directory of the example pods (*.yaml), applied in file name order")
-	schedulerConfig := fs.String("scheduler-config", sandbox.DefaultSchedulerConfig, "the dynamig-scheduler KubeSchedulerConfiguration")
 	timeout := fs.Duration("timeout", 2*time.Minute, "give up when the pods do not run with realised reservations within this time")
-	verbosity := verbosityFlag{}
-	fs.Var(&verbosity, "v", "log to stderr (-v), at klog verbosity N (-v=N); default: quiet")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage, "Flags of demo:\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "Error: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
+	schedulerConfig, verbosity := commonFlags(fs)
+	if code, ok := parseFlags(fs, args, stderr, "Flags of demo:"); !ok {
+		return code
 	}
 	pods, err := sandbox.ReadPods(*examples)
 	if err != nil {
 		fmt.Fprintf(stderr, "Error: --examples: %v\n", err)
 		return exitUsage
 	}
-	logw := setupLogging(verbosity, stderr)
+	logw := setupLogging(*verbosity, stderr)
 
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)

@@ -42,23 +42,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	configPath := fs.String("config", "", "sandbox config (YAML): nodes: [{name, mode: mig|hami-core, gpus: [MODEL, ...]}], deviceConfig: PATH; default: the seed's world (mig-node with an NVIDIA A100-PCIE-40GB, core-node with an A100-40GB in hami-core mode)")
 	kubeconfigOut := fs.String("kubeconfig-out", "", "also write the admin kubeconfig here (for kubectl and client-go)")
 	stateOut := fs.String("state-out", "", "write the sandbox's state here as JSON once ready: {apiserver, kubeconfig, schedulerMetrics, nodes: {NAME: {deviceMetrics, mode, gpus}}}")
-	schedulerConfig := fs.String("scheduler-config", sandbox.DefaultSchedulerConfig, "the dynamig-scheduler KubeSchedulerConfiguration")
-	verbosity := verbosityFlag{}
-	fs.Var(&verbosity, "v", "log to stderr (-v), at klog verbosity N (-v=N); default: quiet")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage, "Flags:\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "Error: unexpected argument %q\n", fs.Arg(0))
-		fs.Usage()
-		return exitUsage
+	schedulerConfig, verbosity := commonFlags(fs)
+	if code, ok := parseFlags(fs, args, stderr, "Flags:"); !ok {
+		return code
 	}
 	cfg := sandbox.DefaultConfig()
 	if *configPath != "" {
@@ -69,7 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		cfg = *c
 	}
-	logw := setupLogging(verbosity, stderr)
+	logw := setupLogging(*verbosity, stderr)
 	start := time.Now()
 	s, code := startSandbox(ctx, cfg, *schedulerConfig, logw, stderr)
 	if s == nil {
@@ -201,4 +187,33 @@ func prettyJSON(raw string) string {
 		return raw
 	}
 	return b.String()
+}
+
+// commonFlags are the flags of both the sandbox and its demo.
+func commonFlags(fs *flag.FlagSet) (schedulerConfig *string, verbosity *verbosityFlag) {
+	schedulerConfig = fs.String("scheduler-config", sandbox.DefaultSchedulerConfig, "the dynamig-scheduler KubeSchedulerConfiguration")
+	verbosity = &verbosityFlag{}
+	fs.Var(verbosity, "v", "log to stderr (-v), at klog verbosity N (-v=N); default: quiet")
+	return schedulerConfig, verbosity
+}
+
+// parseFlags parses args; ok is false when the command must exit with code (help, a bad
+// flag, a stray argument).
+func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer, heading string) (code int, ok bool) {
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage, heading+"\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK, false
+		}
+		return exitUsage, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "Error: unexpected argument %q\n", fs.Arg(0))
+		fs.Usage()
+		return exitUsage, false
+	}
+	return exitOK, true
 }
