@@ -20,7 +20,7 @@ FUZZ_TARGETS := \
 	./deviceplugin/checkpoint:FuzzDecode \
 	./nvml/sim:FuzzParseGPUList
 
-.PHONY: all build test unit race fuzz lint demo clean bench-allocator kubectl
+.PHONY: all build test unit race fuzz lint demo clean bench-allocator bench-packing kubectl
 
 all: build
 
@@ -66,6 +66,11 @@ kubectl:
 # Allocator benchmarks, written to docs/benchmarks/allocator.md with the command and machine.
 bench-allocator:
 	hack/bench-allocator.sh
+
+# Placement-quality benchmark (trace replay, synthetic churn, static fill vs optimal), written
+# to docs/benchmarks/packing.md and packing.svg; a few minutes on 2 cores.
+bench-packing:
+	$(GO) run ./test/bench/packing/cmd -out docs/benchmarks
 
 clean:
 	rm -rf $(BIN)

@@ -1,0 +1,182 @@
+package packing
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+)
+
+// Job is one pod of a workload: its demand and its lifetime.
+type Job struct {
+	Demand         Demand
+	Arrive, Depart float64
+}
+
+// Outcome is one policy's replay of one workload at one load.
+type Outcome struct {
+	Policy string
+	Load   float64
+	// Arrived, Placed and Fragmented (refused although some node had the slots, see
+	// State.FragmentedRefusal) count pods.
+	Arrived, Placed, Fragmented int
+	// Utilisation is the time-averaged share of the cluster's slots in use between the
+	// first and the last arrival.
+	Utilisation float64
+}
+
+// Acceptance is placed / arrived.
+func (o Outcome) Acceptance() float64 {
+	if o.Arrived == 0 {
+		return 0
+	}
+	return float64(o.Placed) / float64(o.Arrived)
+}
+
+// TraceJobs scales the trace to offered load L on the cluster: arrival times are divided by
+// a factor f so that Σ(slots × duration) / (arrival span / f) — the mean number of slots
+// requested at once over the arrival period — is L × the cluster's slots. Durations stay.
+// A pod's slots are its devices × the slots of the smallest profile that holds it; pods no
+// profile holds are kept (every policy refuses them).
+func TraceJobs(c *Cluster, pods []Pod, load float64) []Job {
+	if len(pods) == 0 {
+		return nil
+	}
+	first, last, work := math.Inf(1), math.Inf(-1), 0.0
+	for _, p := range pods {
+		first, last = min(first, p.Arrive), max(last, p.Arrive)
+		work += float64(p.Devices*c.ProfileSlots(c.Demand(p))) * (p.Depart - p.Arrive)
+	}
+	f := 1.0
+	if span := last - first; span > 0 && work > 0 {
+		f = load * float64(c.Capacity()) * span / work
+	}
+	jobs := make([]Job, len(pods))
+	for i, p := range pods {
+		a := (p.Arrive - first) / f
+		jobs[i] = Job{Demand: c.Demand(p), Arrive: a, Depart: a + p.Depart - p.Arrive}
+	}
+	return jobs
+}
+
+// SyntheticJobs is churn: n one-device pods whose profile is drawn from the published
+// profiles with weight 1/slots (small ones commoner), asking for that profile's memory,
+// Poisson arrivals and exponential lifetimes of mean 1, at offered load L (mean requested
+// slots = L × the cluster's slots). Fixed seed.
+func SyntheticJobs(c *Cluster, n int, load float64, seed uint64) []Job {
+	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	var weights []float64
+	total, meanSlots := 0.0, 0.0
+	for _, p := range c.profiles {
+		w := 1 / float64(p.Placements[0].Size)
+		weights = append(weights, w)
+		total += w
+		meanSlots += w * float64(p.Placements[0].Size)
+	}
+	meanSlots /= total
+	rate := load * float64(c.Capacity()) / meanSlots // mean lifetime 1
+	jobs := make([]Job, n)
+	t := 0.0
+	for i := range jobs {
+		t += rng.ExpFloat64() / rate
+		x, k := rng.Float64()*total, 0
+		for k < len(weights)-1 && x >= weights[k] {
+			x -= weights[k]
+			k++
+		}
+		jobs[i] = Job{Demand: Demand{Devices: 1, MemoryMiB: c.profiles[k].MemoryMB}, Arrive: t, Depart: t + rng.ExpFloat64()}
+	}
+	return jobs
+}
+
+// Replay runs the jobs through the policy on an empty cluster: events by time, departures
+// before arrivals at equal times; a refused pod is dropped. With check, the whole state is
+// verified after every placement.
+func Replay(c *Cluster, p Policy, jobs []Job, load float64, check bool) (Outcome, error) {
+	type event struct {
+		t      float64
+		depart bool
+		job    int
+	}
+	events := make([]event, 0, 2*len(jobs))
+	first, last := math.Inf(1), math.Inf(-1)
+	for i, j := range jobs {
+		events = append(events, event{j.Arrive, false, i})
+		first, last = min(first, j.Arrive), max(last, j.Arrive)
+	}
+	slices.SortStableFunc(events, func(a, b event) int { return cmp.Compare(a.t, b.t) })
+	st := NewState(c)
+	out := Outcome{Policy: p.Name(), Load: load}
+	allocs := make([][]Alloc, len(jobs))
+	// Departures are pushed as pods are placed; a sorted queue of pending departures.
+	var pending []event
+	used, area, prev := 0, 0.0, first
+	advance := func(t float64) {
+		lo, hi := max(prev, first), min(t, last)
+		if hi > lo {
+			area += float64(used) * (hi - lo)
+		}
+		prev = max(prev, t)
+	}
+	depart := func(e event) {
+		advance(e.t)
+		st.Release(allocs[e.job])
+		for _, a := range allocs[e.job] {
+			used -= a.Placement.Size
+		}
+		allocs[e.job] = nil
+	}
+	for _, e := range events {
+		for len(pending) > 0 && pending[0].t <= e.t {
+			depart(pending[0])
+			pending = pending[1:]
+		}
+		advance(e.t)
+		j := jobs[e.job]
+		out.Arrived++
+		as := p.Place(st, j.Demand)
+		if as == nil {
+			if st.FragmentedRefusal(j.Demand) {
+				out.Fragmented++
+			}
+			continue
+		}
+		if len(as) != j.Demand.Devices {
+			return out, fmt.Errorf("%s placed %d devices of %d", p.Name(), len(as), j.Demand.Devices)
+		}
+		st.Apply(as)
+		if check {
+			if err := st.Check(); err != nil {
+				return out, fmt.Errorf("%s, job %d %+v: %w", p.Name(), e.job, j.Demand, err)
+			}
+			mem := c.memory(j.Demand)
+			for _, a := range as {
+				if !profileHolds(c, a.Profile, mem) {
+					return out, fmt.Errorf("%s gave %s to a device of %d MiB", p.Name(), a.Profile, mem)
+				}
+			}
+		}
+		allocs[e.job] = as
+		for _, a := range as {
+			used += a.Placement.Size
+		}
+		out.Placed++
+		d := event{j.Depart, true, e.job}
+		k, _ := slices.BinarySearchFunc(pending, d, func(a, b event) int { return cmp.Compare(a.t, b.t) })
+		pending = slices.Insert(pending, k, d)
+	}
+	if last > first {
+		out.Utilisation = area / (float64(c.Capacity()) * (last - first))
+	}
+	return out, nil
+}
+
+func profileHolds(c *Cluster, name string, mem int) bool {
+	for _, p := range c.profiles {
+		if p.Name == name {
+			return p.MemoryMB >= mem
+		}
+	}
+	return false
+}

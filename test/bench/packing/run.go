@@ -1,0 +1,155 @@
+package packing
+
+import (
+	"fmt"
+	"path/filepath"
+)
+
+// Config sizes a benchmark run.
+type Config struct {
+	// TraceDir holds openb_pod_list_default.csv and openb_pod_list_gpushare100.csv.
+	TraceDir string
+	// GPUs is the dynamic replay's cluster size; Loads the offered loads.
+	GPUs  int
+	Loads []float64
+	// MaxPods caps the pods taken from each trace (0: all).
+	MaxPods int
+	// SyntheticPods per load of the synthetic churn.
+	SyntheticPods int
+	// FillGPUs, FillPods, FillWindows size the static fill (one node).
+	FillGPUs, FillPods, FillWindows int
+	// Check verifies the state after every placement (slow; tests).
+	Check bool
+	// Progress, if set, is told what runs.
+	Progress func(string)
+}
+
+// Traces are the trace files used, by label.
+var Traces = []struct{ Label, File string }{
+	{"default", "openb_pod_list_default.csv"},
+	{"gpushare100", "openb_pod_list_gpushare100.csv"},
+}
+
+// Setup is one cluster configuration of the dynamic replay.
+type Setup struct {
+	Model       string
+	AllProfiles bool
+}
+
+// Setups are the cluster configurations: default allowlists, and one with every profile.
+var Setups = []Setup{{"A100-40GB", false}, {"H100-80GB", false}, {"A100-40GB", true}}
+
+// Panel is one workload on one cluster: an outcome per policy and load.
+type Panel struct {
+	Workload string // trace label or "synthetic"
+	Cluster  string
+	GPUs     int
+	Pods     int
+	Outcomes []Outcome // per load, per policy in Policies() order
+}
+
+// Report is everything a run measured.
+type Report struct {
+	Config   Config
+	Policies []string
+	Panels   []Panel
+	Fill     []FillSummary
+}
+
+// FillSummary is the static fill of one trace on one small cluster.
+type FillSummary struct {
+	Workload, Cluster string
+	Results           []FillResult
+}
+
+// Run runs every experiment.
+func Run(cfg Config) (*Report, error) {
+	progress := cfg.Progress
+	if progress == nil {
+		progress = func(string) {}
+	}
+	policies := Policies()
+	rep := &Report{Config: cfg}
+	for _, p := range policies {
+		rep.Policies = append(rep.Policies, p.Name())
+	}
+	traces := map[string][]Pod{}
+	for _, t := range Traces {
+		pods, err := LoadTrace(filepath.Join(cfg.TraceDir, t.File))
+		if err != nil {
+			return nil, err
+		}
+		if cfg.MaxPods > 0 && len(pods) > cfg.MaxPods {
+			pods = pods[:cfg.MaxPods]
+		}
+		traces[t.Label] = pods
+	}
+	for _, s := range Setups {
+		c, err := NewCluster(s.Model, cfg.GPUs, s.AllProfiles)
+		if err != nil {
+			return nil, err
+		}
+		workloads := []string{}
+		for _, t := range Traces {
+			workloads = append(workloads, t.Label)
+		}
+		if !s.AllProfiles && cfg.SyntheticPods > 0 {
+			workloads = append(workloads, "synthetic")
+		}
+		for _, w := range workloads {
+			panel := Panel{Workload: w, Cluster: c.Label(), GPUs: c.GPUs()}
+			for li, load := range cfg.Loads {
+				var jobs []Job
+				if w == "synthetic" {
+					jobs = SyntheticJobs(c, cfg.SyntheticPods, load, uint64(1000+li))
+				} else {
+					jobs = TraceJobs(c, traces[w], load)
+				}
+				panel.Pods = len(jobs)
+				for _, p := range policies {
+					progress(fmt.Sprintf("%s on %d × %s, load %.2f, %s", w, c.GPUs(), c.Label(), load, p.Name()))
+					o, err := Replay(c, p, jobs, load, cfg.Check)
+					if err != nil {
+						return nil, fmt.Errorf("%s on %s, load %.2f: %w", w, c.Label(), load, err)
+					}
+					panel.Outcomes = append(panel.Outcomes, o)
+				}
+			}
+			rep.Panels = append(rep.Panels, panel)
+		}
+	}
+	if cfg.FillWindows > 0 && cfg.FillPods > 0 {
+		for _, s := range []Setup{{"A100-40GB", false}, {"H100-80GB", false}} {
+			c, err := NewCluster(s.Model, cfg.FillGPUs, s.AllProfiles)
+			if err != nil {
+				return nil, err
+			}
+			for _, t := range Traces {
+				pods := traces[t.Label]
+				sum := FillSummary{Workload: t.Label, Cluster: fmt.Sprintf("%d × %s", c.GPUs(), c.Label())}
+				for w := range cfg.FillWindows {
+					start := w * (len(pods) - cfg.FillPods) / max(1, cfg.FillWindows-1)
+					if cfg.FillWindows == 1 {
+						start = 0
+					}
+					if start < 0 || start+cfg.FillPods > len(pods) {
+						break
+					}
+					demands := make([]Demand, cfg.FillPods)
+					for i := range demands {
+						demands[i] = c.Demand(pods[start+i])
+					}
+					progress(fmt.Sprintf("static fill %s on %s, window at %d", t.Label, sum.Cluster, start))
+					r, err := StaticFill(c, policies, demands, cfg.Check)
+					if err != nil {
+						return nil, err
+					}
+					r.Window = start
+					sum.Results = append(sum.Results, r)
+				}
+				rep.Fill = append(rep.Fill, sum)
+			}
+		}
+	}
+	return rep, nil
+}
