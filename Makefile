@@ -20,7 +20,7 @@ FUZZ_TARGETS := \
 	./deviceplugin/checkpoint:FuzzDecode \
 	./nvml/sim:FuzzParseGPUList
 
-.PHONY: all build test unit race fuzz lint demo clean bench-allocator bench-packing kubectl
+.PHONY: all build test unit race fuzz lint demo clean bench-allocator bench-packing bench-throughput kubectl
 
 all: build
 
@@ -71,6 +71,13 @@ bench-allocator:
 # to docs/benchmarks/packing.md and packing.svg; a few minutes on 2 cores.
 bench-packing:
 	$(GO) run ./test/bench/packing/cmd -out docs/benchmarks
+
+# Scheduling throughput of the real dynamig-scheduler against the in-process API server
+# (default plugins vs DynamicMIG, GPU and CPU pods), quick size (100 nodes, 1000 pods),
+# written to docs/benchmarks/throughput.md. The issue's full sizes:
+# go run ./test/bench/throughput/cmd -nodes 100,500,1000 -pods 5000
+bench-throughput:
+	$(GO) run ./test/bench/throughput/cmd -out docs/benchmarks
 
 clean:
 	rm -rf $(BIN)

@@ -1,0 +1,336 @@
+package throughput
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/deviceplugin/inventory"
+	"github.com/dynamig/dynamig/nvml/sim"
+)
+
+// GPUModel is the simulated GPU every benchmark node carries, GPUsPerNode of them.
+const (
+	GPUModel    = "NVIDIA A100-PCIE-40GB"
+	GPUsPerNode = 8
+)
+
+// heartbeatDuration is the heartbeat Leases' leaseDurationSeconds: they are created fresh
+// with each node and stay fresh for the whole run, so no renewals compete with the
+// measured traffic.
+const heartbeatDuration = 6 * 3600
+
+// nodeTemplate is the inventory annotation of one node, computed once by the device
+// plugin's inventory code over simulated GPUs; each node gets a copy with its own UUIDs.
+type nodeTemplate struct {
+	raw   string
+	uuids []string // the template's GPU UUIDs, replaced per node
+	count int      // nvidia.com/gpu: the sum of the GPUs' device counts
+}
+
+const templateNode = "throughput-template"
+
+func newNodeTemplate() (*nodeTemplate, error) {
+	cfg, err := config.ParseDeviceConfig([]byte(fmt.Sprintf("nodeconfig:\n- name: %s\n  operatingmode: %s\n", templateNode, api.ModeMIG)))
+	if err != nil {
+		return nil, err
+	}
+	specs := make([]sim.GPUSpec, GPUsPerNode)
+	for i := range specs {
+		specs[i] = sim.GPUSpec{Model: GPUModel}
+	}
+	s, err := sim.New(sim.Options{Seed: templateNode}, specs...)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Init(); err != nil {
+		return nil, err
+	}
+	res, err := inventory.Discover(context.Background(), s, cfg, templateNode)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := api.EncodeInventory(res.GPUs)
+	if err != nil {
+		return nil, err
+	}
+	t := &nodeTemplate{raw: raw}
+	for _, g := range res.GPUs {
+		if g.ID == "" || !strings.Contains(raw, g.ID) {
+			return nil, fmt.Errorf("GPU %d has no UUID in the inventory", g.Index)
+		}
+		t.uuids = append(t.uuids, g.ID)
+		t.count += g.Count
+	}
+	return t, nil
+}
+
+// inventoryFor is the template's annotation with UUIDs unique to node number n: the last
+// 12 hex digits of each UUID are replaced by the node and GPU numbers.
+func (t *nodeTemplate) inventoryFor(n int) string {
+	pairs := make([]string, 0, 2*len(t.uuids))
+	for i, u := range t.uuids {
+		repl := u
+		if len(u) > 12 {
+			repl = u[:len(u)-12] + fmt.Sprintf("%08x%04x", n, i)
+		} else {
+			repl = fmt.Sprintf("%s-%d", u, n)
+		}
+		pairs = append(pairs, u, repl)
+	}
+	return strings.NewReplacer(pairs...).Replace(t.raw)
+}
+
+func nodeName(n int) string { return fmt.Sprintf("tp-node-%05d", n) }
+
+// addNodes registers nodes [from, to): each a Ready node with the template's inventory,
+// allocatable cpu/memory/pods and nvidia.com/gpu, and a fresh heartbeat Lease (written as
+// the device plugin), with a few requests in flight.
+func addNodes(ctx context.Context, admin, dp kubernetes.Interface, t *nodeTemplate, from, to int) error {
+	resources := v1.ResourceList{
+		v1.ResourceCPU: resource.MustParse("32"), v1.ResourceMemory: resource.MustParse("256Gi"), v1.ResourcePods: resource.MustParse("110"),
+		api.ResourceCount: *resource.NewQuantity(int64(t.count), resource.DecimalSI),
+	}
+	one := func(n int) error {
+		name := nodeName(n)
+		now := metav1.Now()
+		node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name},
+			Annotations: map[string]string{api.NodeInventoryAnnotation: t.inventoryFor(n)}}}
+		created, err := admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("creating node %s: %w", name, err)
+		}
+		created.Status = v1.NodeStatus{Capacity: resources, Allocatable: resources,
+			Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady",
+				LastHeartbeatTime: now, LastTransitionTime: now}}}
+		if _, err := admin.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("node %s status: %w", name, err)
+		}
+		mnow := metav1.NewMicroTime(time.Now())
+		lease := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: api.HeartbeatLeaseName(name), Namespace: api.DefaultSystemNamespace},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(name), LeaseDurationSeconds: ptr.To[int32](heartbeatDuration),
+				AcquireTime: &mnow, RenewTime: &mnow},
+		}
+		if _, err := dp.CoordinationV1().Leases(api.DefaultSystemNamespace).Create(ctx, lease, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("heartbeat of %s: %w", name, err)
+		}
+		return nil
+	}
+	return parallel(8, to-from, func(i int) error { return one(from + i) })
+}
+
+// parallel runs f(0..n-1) on workers goroutines and returns the first error.
+func parallel(workers, n int, f func(i int) error) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var once sync.Once
+	var first error
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := f(i); err != nil {
+					once.Do(func() { first = err })
+					next.Store(int64(n)) // stop the others
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// standIn plays the device plugin for one namespace's pods: as soon as a pod is bound with
+// bind-phase allocating it sets bind-phase success and releases the node's hand-off Lease
+// if the pod holds it. It writes as cluster.UserDevicePlugin and counts its own writes.
+type standIn struct {
+	client kubernetes.Interface
+	ns     string
+	writes atomic.Int64
+	sem    chan struct{}
+
+	mu   sync.Mutex
+	done map[types.UID]bool
+	wg   sync.WaitGroup
+}
+
+func startStandIn(ctx context.Context, client kubernetes.Interface, ns string) (*standIn, func()) {
+	s := &standIn{client: client, ns: ns, done: map[types.UID]bool{}, sem: make(chan struct{}, 16)}
+	ctx, cancel := context.WithCancel(ctx)
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns))
+	inf := factory.Core().V1().Pods().Informer()
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { s.handle(ctx, obj) },
+		UpdateFunc: func(_, obj any) { s.handle(ctx, obj) },
+	})
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	return s, func() {
+		cancel()
+		factory.Shutdown()
+		s.wg.Wait()
+	}
+}
+
+// handle realises a bound pod in its own goroutine (at most 16 at a time): a device plugin
+// runs per node, so pods on different nodes are realised concurrently.
+func (s *standIn) handle(ctx context.Context, obj any) {
+	p, ok := obj.(*v1.Pod)
+	if !ok || p.Spec.NodeName == "" || p.Annotations[api.BindPhaseAnnotation] != api.BindPhaseAllocating {
+		return
+	}
+	s.mu.Lock()
+	if s.done[p.UID] {
+		s.mu.Unlock()
+		return
+	}
+	s.done[p.UID] = true
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		select {
+		case s.sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		defer func() { <-s.sem }()
+		s.realise(ctx, p)
+	}()
+}
+
+func (s *standIn) realise(ctx context.Context, p *v1.Pod) {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.BindPhaseAnnotation: api.BindPhaseSuccess}}})
+	if _, err := s.client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return // the pod is gone, or the run is ending
+	}
+	s.writes.Add(1)
+	holder := p.Namespace + "/" + p.Name + "/" + string(p.UID)
+	leases := s.client.CoordinationV1().Leases(api.DefaultSystemNamespace)
+	_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l, err := leases.Get(ctx, api.HandoffLeaseName(p.Spec.NodeName), metav1.GetOptions{})
+		if err != nil || ptr.Deref(l.Spec.HolderIdentity, "") != holder {
+			return nil // taken over already: nothing to release
+		}
+		l.Spec.HolderIdentity = nil
+		if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		s.writes.Add(1)
+		return nil
+	})
+}
+
+// Profile is which scheduler configuration a scenario runs.
+type Profile int
+
+const (
+	// DefaultPlugins is the shipped configuration with DynamicMIG removed from multiPoint,
+	// bind reset to DefaultBinder and DynamicMIG's pluginConfig dropped.
+	DefaultPlugins Profile = iota
+	// WithDynamicMIG is the shipped configuration.
+	WithDynamicMIG
+)
+
+// deriveConfig writes a copy of the KubeSchedulerConfiguration at src into dir, for
+// profile, with clientConnection qps and burst set, and returns its path (which
+// cluster.ControlPlane.SchedulerConfig then completes with the kubeconfig).
+func deriveConfig(src, dir string, profile Profile, qps float64, burst int) (string, error) {
+	raw, err := os.ReadFile(src)
+	if err != nil {
+		return "", err
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		return "", fmt.Errorf("%s: %w", src, err)
+	}
+	cc, ok := doc["clientConnection"].(map[string]any)
+	if !ok {
+		cc = map[string]any{}
+		doc["clientConnection"] = cc
+	}
+	cc["qps"], cc["burst"] = qps, burst
+	if profile == DefaultPlugins {
+		profiles, _ := doc["profiles"].([]any)
+		if len(profiles) == 0 {
+			return "", fmt.Errorf("%s: no profiles", src)
+		}
+		for _, p := range profiles {
+			prof, ok := p.(map[string]any)
+			if !ok {
+				return "", fmt.Errorf("%s: profile is %T", src, p)
+			}
+			if plugins, ok := prof["plugins"].(map[string]any); ok {
+				if mp, ok := plugins["multiPoint"].(map[string]any); ok {
+					enabled, _ := mp["enabled"].([]any)
+					var keep []any
+					for _, e := range enabled {
+						if m, ok := e.(map[string]any); ok && m["name"] == "DynamicMIG" {
+							continue
+						}
+						keep = append(keep, e)
+					}
+					if len(keep) == 0 {
+						delete(mp, "enabled")
+					} else {
+						mp["enabled"] = keep
+					}
+					if len(mp) == 0 {
+						delete(plugins, "multiPoint")
+					}
+				}
+				plugins["bind"] = map[string]any{
+					"disabled": []any{map[string]any{"name": "*"}},
+					"enabled":  []any{map[string]any{"name": "DefaultBinder"}},
+				}
+			}
+			if pcs, ok := prof["pluginConfig"].([]any); ok {
+				var keep []any
+				for _, pc := range pcs {
+					if m, ok := pc.(map[string]any); ok && m["name"] == "DynamicMIG" {
+						continue
+					}
+					keep = append(keep, pc)
+				}
+				prof["pluginConfig"] = keep
+			}
+		}
+	}
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		return "", err
+	}
+	name := "dynamig"
+	if profile == DefaultPlugins {
+		name = "default"
+	}
+	p := filepath.Join(dir, fmt.Sprintf("scheduler-config-%s-qps%g.yaml", name, qps))
+	return p, os.WriteFile(p, out, 0o600)
+}

@@ -1,0 +1,115 @@
+// Command throughput runs the scheduling-throughput benchmark and writes throughput.md
+// (make bench-throughput runs the quick size; the full sizes are
+// -nodes 100,500,1000 -pods 5000).
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/dynamig/dynamig/test/bench/throughput"
+)
+
+func main() {
+	out := flag.String("out", "docs/benchmarks", "directory for throughput.md and the CPU profile")
+	nodes := flag.String("nodes", "100", "comma-separated node counts (the issue's full sizes: 100,500,1000)")
+	pods := flag.Int("pods", 1000, "pods per scenario (the issue's full size: 5000)")
+	qps := flag.String("qps", "50/100,5000/5000", "comma-separated scheduler client qps/burst settings")
+	schedConfig := flag.String("scheduler-config", "manifests/scheduler-config.yaml", "the shipped KubeSchedulerConfiguration")
+	profile := flag.String("cpuprofile", "throughput-cpu.pprof", "CPU profile of scenario (b) at the largest size, in -out; empty for none")
+	timeout := flag.Duration("timeout", 90*time.Second, "per scenario, from its first create: pods not bound by then are reported as such")
+	logPath := flag.String("log", "", "file for the control plane's and scheduler's logs (default: a temporary file, removed on success)")
+	flag.Parse()
+
+	fail := func(err error) {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	cfg := throughput.Config{SchedulerConfig: *schedConfig, Pods: *pods, Timeout: *timeout}
+	for _, s := range strings.Split(*nodes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			fail(fmt.Errorf("-nodes: bad count %q", s))
+		}
+		cfg.Nodes = append(cfg.Nodes, n)
+	}
+	for _, s := range strings.Split(*qps, ",") {
+		q, b, ok := strings.Cut(strings.TrimSpace(s), "/")
+		qv, err1 := strconv.ParseFloat(q, 64)
+		bv, err2 := strconv.Atoi(b)
+		if !ok || err1 != nil || err2 != nil {
+			fail(fmt.Errorf("-qps: bad setting %q (want qps/burst)", s))
+		}
+		cfg.QPS = append(cfg.QPS, throughput.QPS{QPS: qv, Burst: bv})
+	}
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		fail(err)
+	}
+	if *profile != "" {
+		cfg.CPUProfile = filepath.Join(*out, *profile)
+	}
+
+	// The API server and the scheduler log a lot through klog: into a file.
+	keepLog := *logPath != ""
+	if !keepLog {
+		f, err := os.CreateTemp("", "dynamig-throughput-*.log")
+		if err != nil {
+			fail(err)
+		}
+		f.Close()
+		*logPath = f.Name()
+	}
+	logFile, err := os.Create(*logPath)
+	if err != nil {
+		fail(err)
+	}
+	throughput.RedirectKlog(logFile)
+	cfg.Log = logFile
+
+	start := time.Now()
+	cfg.Progress = func(s string) { fmt.Fprintf(os.Stderr, "%6.1fs %s\n", time.Since(start).Seconds(), s) }
+	rep, err := throughput.Run(context.Background(), cfg)
+	klog.Flush()
+	logFile.Close()
+	if err != nil {
+		fail(fmt.Errorf("%v\nlogs: %s", err, *logPath))
+	}
+	if !keepLog {
+		_ = os.Remove(*logPath)
+	}
+	m := throughput.Machine{Cores: runtime.NumCPU(), CPU: cpuModel(), At: time.Now().UTC().Format("2006-01-02 15:04 MST"),
+		Command: strings.TrimSpace("go run ./test/bench/throughput/cmd " + strings.Join(os.Args[1:], " ")), Took: time.Since(start)}
+	var md bytes.Buffer
+	rep.WriteMarkdown(&md, m)
+	p := filepath.Join(*out, "throughput.md")
+	if err := os.WriteFile(p, md.Bytes(), 0o644); err != nil {
+		fail(err)
+	}
+	fmt.Fprintf(os.Stderr, "wrote %s\n", p)
+}
+
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return "unknown CPU"
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown CPU"
+}

@@ -1,0 +1,522 @@
+// Package throughput measures dynamig-scheduler's scheduling throughput: the real
+// scheduler (test/cluster.StartScheduler) against the in-process etcd and kube-apiserver,
+// with plain Node objects carrying the inventory of 8 simulated A100-40GB GPUs each, fresh
+// heartbeat Leases, and a stand-in device plugin that realises each bound GPU pod at once.
+//
+// Three scenarios per node count and client QPS: (a) default plugins only, CPU pods; (b)
+// DynamicMIG (the shipped configuration), GPU pods on the MIG nodes; (c) DynamicMIG, CPU
+// pods. Each reports pods bound per second, creation-to-bound latency, the scheduler's
+// writes counted at the API server (audit log), and the process's peak RSS.
+package throughput
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime/pprof"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/test/cluster"
+)
+
+// SchedulerName is the profile of the shipped configuration, which every pod names.
+const SchedulerName = "dynamig-scheduler"
+
+// QPS is one client rate limit of the scheduler (clientConnection qps and burst).
+type QPS struct {
+	QPS   float64
+	Burst int
+}
+
+func (q QPS) String() string { return fmt.Sprintf("%g/%d", q.QPS, q.Burst) }
+
+// DefaultQPS is kube-scheduler's default client rate limit; HighQPS all but lifts it.
+var (
+	DefaultQPS = QPS{QPS: 50, Burst: 100}
+	HighQPS    = QPS{QPS: 5000, Burst: 5000}
+)
+
+// Scenario is one of the measured workloads.
+type Scenario struct {
+	Key     string // "a", "b", "c"
+	Name    string
+	Profile Profile
+	GPU     bool
+}
+
+// Scenarios are (a), (b) and (c), in the order they run.
+var Scenarios = []Scenario{
+	{Key: "a", Name: "default plugins, CPU pods", Profile: DefaultPlugins},
+	{Key: "b", Name: "DynamicMIG, GPU pods", Profile: WithDynamicMIG, GPU: true},
+	{Key: "c", Name: "DynamicMIG, CPU pods", Profile: WithDynamicMIG},
+}
+
+// Config is one benchmark run.
+type Config struct {
+	// SchedulerConfig is the shipped KubeSchedulerConfiguration (manifests/scheduler-config.yaml).
+	SchedulerConfig string
+	// Nodes are the node counts, run in increasing order (nodes are added, never removed).
+	Nodes []int
+	// Pods is the number of pods of each scenario.
+	Pods int
+	// QPS are the scheduler client rate limits to run each scenario with.
+	QPS []QPS
+	// Timeout bounds each scenario from its first create; pods not bound by then are
+	// reported as such (default 5 min + 100 ms per pod).
+	Timeout time.Duration
+	// CreateWorkers is how many goroutines create a scenario's pods (default 8).
+	CreateWorkers int
+	// CPUProfile, if set, is where the CPU profile of the whole process during scenario (b)
+	// at the largest node count and the last QPS is written.
+	CPUProfile string
+	// Log receives the API server's and etcd's logs; nil discards them.
+	Log io.Writer
+	// Progress, if set, is told what runs.
+	Progress func(string)
+}
+
+// Result is one scenario at one node count and QPS.
+type Result struct {
+	Nodes    int
+	QPS      QPS
+	Scenario Scenario
+	Pods     int
+	Bound    int
+	// Incomplete: not every pod was bound within the timeout; Span then ends at the timeout
+	// and PodsPerSec is Bound over it.
+	Incomplete bool
+	// Span is from the first create request to the last pod seen bound.
+	Span       time.Duration
+	PodsPerSec float64
+	// P50 and P99 are of each pod's time from its create request to its binding seen by
+	// a watch.
+	P50, P99 time.Duration
+	// Writes are the scheduler's writes in the scenario (audit log, user
+	// cluster.UserScheduler), by "verb resource[/subresource]", events excluded; Events
+	// counts its event writes.
+	Writes      map[string]int
+	WritesTotal int
+	Events      int
+	// Refused are the scheduler's write attempts the API server answered with an error
+	// (conflicts on the hand-off Lease, mostly), by "verb resource code"; not in Writes.
+	Refused      map[string]int
+	RefusedTotal int
+	// StandInWrites are the stand-in device plugin's writes (bind-phase and Lease release).
+	StandInWrites int64
+	// PeakRSSKiB is the process's VmHWM during the scenario (reset before it via
+	// /proc/self/clear_refs when the kernel allows; ResetRSS says whether it did).
+	PeakRSSKiB int64
+	ResetRSS   bool
+}
+
+// Report is a whole run.
+type Report struct {
+	Config     Config
+	Results    []Result
+	Setup      time.Duration // control plane start
+	NodeSetup  map[int]time.Duration
+	PeakRSSKiB int64 // the whole run's VmHWM (the largest seen)
+	// ProfileTop is `go tool pprof -top` of the CPU profile, or why it is missing.
+	ProfileTop   string
+	ProfileLabel string
+}
+
+func (c *Config) progress(format string, args ...any) {
+	if c.Progress != nil {
+		c.Progress(fmt.Sprintf(format, args...))
+	}
+}
+
+// Run starts a control plane, runs every node count × QPS × scenario, and stops it.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.CreateWorkers <= 0 {
+		cfg.CreateWorkers = 8
+	}
+	if len(cfg.Nodes) == 0 || cfg.Pods <= 0 || len(cfg.QPS) == 0 {
+		return nil, errors.New("throughput: nodes, pods and QPS are required")
+	}
+	nodes := slices.Clone(cfg.Nodes)
+	slices.Sort(nodes)
+	rep := &Report{Config: cfg, NodeSetup: map[int]time.Duration{}}
+	start := time.Now()
+	cfg.progress("starting the control plane")
+	cp, err := cluster.StartProcess(ctx, cluster.Options{Log: cfg.Log})
+	if err != nil {
+		return nil, err
+	}
+	defer cp.Stop()
+	rep.Setup = time.Since(start)
+	admin, err := cp.Client(cluster.UserAdmin)
+	if err != nil {
+		return nil, err
+	}
+	dp, err := cp.Client(cluster.UserDevicePlugin)
+	if err != nil {
+		return nil, err
+	}
+	tmpl, err := newNodeTemplate()
+	if err != nil {
+		return nil, err
+	}
+	configs := map[string]string{}
+	for _, q := range cfg.QPS {
+		for _, p := range []Profile{DefaultPlugins, WithDynamicMIG} {
+			derived, err := deriveConfig(cfg.SchedulerConfig, cp.Dir, p, q.QPS, q.Burst)
+			if err != nil {
+				return nil, err
+			}
+			full, err := cp.SchedulerConfig(derived)
+			if err != nil {
+				return nil, err
+			}
+			configs[fmt.Sprintf("%d/%s", p, q)] = full
+		}
+	}
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: warmupNS}}, metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	have := 0
+	seq := 0
+	for ni, n := range nodes {
+		t0 := time.Now()
+		cfg.progress("adding nodes %d..%d", have, n-1)
+		if err := addNodes(ctx, admin, dp, tmpl, have, n); err != nil {
+			return nil, err
+		}
+		have = n
+		rep.NodeSetup[n] = time.Since(t0)
+		for qi, q := range cfg.QPS {
+			for _, sc := range Scenarios {
+				seq++
+				profile := cfg.CPUProfile != "" && sc.GPU && ni == len(nodes)-1 && qi == len(cfg.QPS)-1
+				cfg.progress("nodes %d, qps %s, (%s) %s", n, q, sc.Key, sc.Name)
+				res, err := runScenario(ctx, cp, admin, dp, configs[fmt.Sprintf("%d/%s", sc.Profile, q)], seq, n, q, sc, cfg, profile)
+				if err != nil {
+					return nil, fmt.Errorf("nodes %d, qps %s, scenario (%s): %w", n, q, sc.Key, err)
+				}
+				if profile {
+					rep.ProfileLabel = fmt.Sprintf("(%s) %s, %d nodes, %d pods, QPS %s", sc.Key, sc.Name, n, cfg.Pods, q)
+					rep.ProfileTop = profileTop(cfg.CPUProfile)
+				}
+				if res.Incomplete {
+					cfg.progress("  INCOMPLETE: not every pod bound within the timeout")
+				}
+				cfg.progress("  %d/%d bound in %.1fs: %.1f pods/s, p50 %s p99 %s, scheduler writes %d (+%d refused, +%d events), RSS peak %d MiB",
+					res.Bound, res.Pods, res.Span.Seconds(), res.PodsPerSec, res.P50.Round(time.Millisecond), res.P99.Round(time.Millisecond),
+					res.WritesTotal, res.RefusedTotal, res.Events, res.PeakRSSKiB/1024)
+				rep.Results = append(rep.Results, *res)
+				rep.PeakRSSKiB = max(rep.PeakRSSKiB, res.PeakRSSKiB)
+			}
+		}
+	}
+	rep.PeakRSSKiB = max(rep.PeakRSSKiB, vmHWM())
+	return rep, nil
+}
+
+const warmupNS = "tp-warmup"
+
+func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubernetes.Interface, schedConfig string,
+	seq, nodes int, q QPS, sc Scenario, cfg Config, profile bool) (_ *Result, err error) {
+	ns := fmt.Sprintf("tp-%d-%s", seq, sc.Key)
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	standIn, stopStandIn := startStandIn(ctx, dp, ns)
+	defer stopStandIn()
+
+	// The watch that sees pods bound.
+	bound := map[string]time.Time{}
+	var mu sync.Mutex
+	allBound := make(chan struct{})
+	var closeOnce sync.Once
+	record := func(obj any) {
+		p, ok := obj.(*v1.Pod)
+		if !ok || p.Spec.NodeName == "" {
+			return
+		}
+		now := time.Now()
+		mu.Lock()
+		defer mu.Unlock()
+		if _, seen := bound[p.Name]; !seen {
+			bound[p.Name] = now
+			if len(bound) == cfg.Pods {
+				closeOnce.Do(func() { close(allBound) })
+			}
+		}
+	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	factory := informers.NewSharedInformerFactoryWithOptions(admin, 0, informers.WithNamespace(ns))
+	inf := factory.Core().V1().Pods().Informer()
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: record, UpdateFunc: func(_, obj any) { record(obj) }})
+	factory.Start(wctx.Done())
+	factory.WaitForCacheSync(wctx.Done())
+	defer func() {
+		stopWatch()
+		factory.Shutdown()
+	}()
+
+	stopSched, err := cluster.StartScheduler(ctx, cp, schedConfig)
+	if err != nil {
+		return nil, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			stopSched()
+		}
+	}()
+	// Warm up: the scheduler has synced its caches once it binds a pod.
+	warm := cpuPod(warmupNS, fmt.Sprintf("warmup-%d", seq))
+	if _, err := admin.CoreV1().Pods(warmupNS).Create(ctx, warm, metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := admin.CoreV1().Pods(warmupNS).Get(ctx, warm.Name, metav1.GetOptions{})
+		return err == nil && p.Spec.NodeName != "", nil
+	}); err != nil {
+		return nil, fmt.Errorf("the scheduler did not bind a warm-up pod: %w", err)
+	}
+	_ = admin.CoreV1().Pods(warmupNS).Delete(ctx, warm.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	time.Sleep(500 * time.Millisecond) // let the warm-up pod's event and deletion pass
+
+	resetRSS := resetPeakRSS()
+	if profile {
+		f, err := os.Create(cfg.CPUProfile)
+		if err != nil {
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, err
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			if cerr := f.Close(); err == nil && cerr != nil {
+				err = cerr
+			}
+		}()
+	}
+
+	since := time.Now()
+	created := make([]time.Time, cfg.Pods)
+	names := make([]string, cfg.Pods)
+	err = parallel(cfg.CreateWorkers, cfg.Pods, func(i int) error {
+		name := fmt.Sprintf("pod-%05d", i)
+		names[i] = name
+		p := cpuPod(ns, name)
+		if sc.GPU {
+			p = gpuPod(ns, name)
+		}
+		created[i] = time.Now()
+		_, err := admin.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating pods: %w", err)
+	}
+	timeout := cfg.Timeout
+	if timeout <= 0 {
+		timeout = 5*time.Minute + time.Duration(cfg.Pods)*100*time.Millisecond
+	}
+	timeout -= time.Since(since)
+	select {
+	case <-allBound:
+	case <-time.After(timeout):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if profile {
+		pprof.StopCPUProfile()
+	}
+	peak := vmHWM()
+	stopSched()
+	stopped = true
+	until := time.Now()
+
+	res := &Result{Nodes: nodes, QPS: q, Scenario: sc, Pods: cfg.Pods, PeakRSSKiB: peak, ResetRSS: resetRSS}
+	mu.Lock()
+	res.Bound = len(bound)
+	first := slices.MinFunc(created, func(a, b time.Time) int { return a.Compare(b) })
+	var last time.Time
+	lat := make([]time.Duration, 0, len(bound))
+	for i, n := range names {
+		if t, ok := bound[n]; ok {
+			lat = append(lat, t.Sub(created[i]))
+			if t.After(last) {
+				last = t
+			}
+		}
+	}
+	mu.Unlock()
+	res.Span = last.Sub(first)
+	if res.Bound < res.Pods {
+		res.Incomplete = true
+		res.Span = until.Sub(first)
+	}
+	res.PodsPerSec = float64(res.Bound) / res.Span.Seconds()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	res.P50, res.P99 = percentile(lat, 0.50), percentile(lat, 0.99)
+
+	// The audit record is written as each response completes: let the last ones land.
+	time.Sleep(time.Second)
+	res.Writes, res.Refused, res.Events, err = schedulerWrites(cp, since, until)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range res.Writes {
+		res.WritesTotal += n
+	}
+	for _, n := range res.Refused {
+		res.RefusedTotal += n
+	}
+	stopStandIn()
+	res.StandInWrites = standIn.writes.Load()
+
+	// Remove the pods, so the next scenario's nodes are as empty as this one's were.
+	if err := admin.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{}); err != nil {
+		return nil, fmt.Errorf("deleting pods: %w", err)
+	}
+	return res, nil
+}
+
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted))+0.5) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func podResources() v1.ResourceRequirements {
+	return v1.ResourceRequirements{Requests: v1.ResourceList{
+		v1.ResourceCPU: resource.MustParse("100m"), v1.ResourceMemory: resource.MustParse("128Mi")}}
+}
+
+func cpuPod(ns, name string) *v1.Pod {
+	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: v1.PodSpec{SchedulerName: SchedulerName, Containers: []v1.Container{{Name: "c", Image: "busybox", Resources: podResources()}}}}
+}
+
+// gpuPod asks for one MIG device of 4000 MiB (a 1g.5gb instance on an A100-40GB).
+func gpuPod(ns, name string) *v1.Pod {
+	p := cpuPod(ns, name)
+	p.Annotations = map[string]string{api.VGPUModeAnnotation: api.ModeMIG}
+	p.Spec.Containers[0].Resources.Limits = v1.ResourceList{
+		api.ResourceCount:  resource.MustParse("1"),
+		api.ResourceMemory: resource.MustParse("4000"),
+	}
+	return p
+}
+
+// schedulerWrites counts the writes the scheduler's identity made in [since, until], as
+// "verb resource[/subresource]", those the server refused apart (with the code); events
+// are only counted.
+func schedulerWrites(cp *cluster.ControlPlane, since, until time.Time) (writes, refused map[string]int, events int, err error) {
+	evs, err := cp.AuditEvents()
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	writes, refused = map[string]int{}, map[string]int{}
+	for _, ev := range evs {
+		if ev.Stage != auditv1.StageResponseComplete || ev.User.Username != cluster.UserScheduler {
+			continue
+		}
+		if t := ev.RequestReceivedTimestamp.Time; t.Before(since) || t.After(until) {
+			continue
+		}
+		key := ev.Verb + " " + ev.RequestURI
+		if r := ev.ObjectRef; r != nil {
+			if r.Resource == "events" {
+				events++
+				continue
+			}
+			key = ev.Verb + " " + r.Resource
+			if r.Subresource != "" {
+				key += "/" + r.Subresource
+			}
+		}
+		if st := ev.ResponseStatus; st != nil && st.Code >= 300 {
+			refused[fmt.Sprintf("%s %d", key, st.Code)]++
+			continue
+		}
+		writes[key]++
+	}
+	return writes, refused, events, nil
+}
+
+// resetPeakRSS resets the process's VmHWM to its current RSS (Linux ≥ 4.0: write 5 to
+// /proc/self/clear_refs) and says whether it could.
+func resetPeakRSS() bool {
+	return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
+}
+
+// vmHWM is the process's peak resident set size in KiB (/proc/self/status VmHWM), 0 if
+// unknown.
+func vmHWM() int64 {
+	raw, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// profileTop is `go tool pprof -top` of the profile (the profile carries its symbols), or
+// why it could not be had. github.com/google/pprof is not a direct requirement of the
+// module, so its parser is not used here.
+func profileTop(path string) string {
+	var b strings.Builder
+	for _, args := range [][]string{{"-top"}, {"-top", "-cum"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		cmd := append([]string{"tool", "pprof"}, args...)
+		cmd = append(cmd, "-nodecount=30", path)
+		out, err := exec.CommandContext(ctx, "go", cmd...).CombinedOutput()
+		cancel()
+		fmt.Fprintf(&b, "$ go %s\n", strings.Join(cmd, " "))
+		if err != nil {
+			fmt.Fprintf(&b, "failed: %v\n", err)
+		}
+		b.Write(out)
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// RedirectKlog sends klog's output (the API server's and the scheduler's logs) to w only.
+func RedirectKlog(w io.Writer) {
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("logtostderr", "false")
+	_ = fs.Set("alsologtostderr", "false")
+	_ = fs.Set("stderrthreshold", "FATAL")
+	// k8s.io/kubernetes/test/utils/ktesting (which test/cluster imports) sets verbosity 5
+	// at init: logging that much would be a large part of what is measured.
+	_ = fs.Set("v", "0")
+	klog.SetOutput(w)
+}

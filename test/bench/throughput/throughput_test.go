@@ -1,0 +1,65 @@
+package throughput
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// A tiny run of all three scenarios: every pod is bound, and each GPU pod costs exactly two
+// scheduler writes at the API server (its node's hand-off Lease and its Binding).
+func TestSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a control plane")
+	}
+	logPath := filepath.Join(t.TempDir(), "control-plane.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	RedirectKlog(logFile)
+	const pods = 20
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Config{
+		SchedulerConfig: "../../../manifests/scheduler-config.yaml",
+		Nodes:           []int{5},
+		Pods:            pods,
+		QPS:             []QPS{HighQPS},
+		Log:             logFile,
+		Progress:        func(s string) { t.Log(s) },
+	})
+	if err != nil {
+		if raw, rerr := os.ReadFile(logPath); rerr == nil && len(raw) > 4000 {
+			t.Logf("log tail:\n%s", raw[len(raw)-4000:])
+		}
+		t.Fatal(err)
+	}
+	if len(rep.Results) != len(Scenarios) {
+		t.Fatalf("%d results, want %d", len(rep.Results), len(Scenarios))
+	}
+	for _, r := range rep.Results {
+		if r.Bound != pods || r.Incomplete {
+			t.Errorf("(%s): %d of %d pods bound", r.Scenario.Key, r.Bound, pods)
+		}
+		if r.PodsPerSec <= 0 || r.P50 <= 0 || r.P99 < r.P50 || r.PeakRSSKiB <= 0 {
+			t.Errorf("(%s): implausible figures %+v", r.Scenario.Key, r)
+		}
+		if r.Scenario.GPU {
+			if r.WritesTotal != 2*pods || r.Writes["create pods/binding"] != pods {
+				t.Errorf("(%s): scheduler writes %v (total %d), want %d: one Binding and one hand-off Lease write per GPU pod",
+					r.Scenario.Key, r.Writes, r.WritesTotal, 2*pods)
+			}
+			// One bind-phase patch per pod, and a Lease release unless the next pod's Bind
+			// took the Lease over first (allowed once the holder is realised).
+			if r.StandInWrites < pods || r.StandInWrites > 2*pods {
+				t.Errorf("(%s): stand-in writes %d, want %d..%d", r.Scenario.Key, r.StandInWrites, pods, 2*pods)
+			}
+		} else if r.WritesTotal != pods || r.Writes["create pods/binding"] != pods {
+			t.Errorf("(%s): scheduler writes %v, want one Binding per pod", r.Scenario.Key, r.Writes)
+		}
+	}
+}
