@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -42,7 +43,17 @@ func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	}
 	holder := holderIdentity(pod)
 	waitStart := time.Now()
-	if err := pl.takeHandoff(ctx, pod, nodeName, holder, digest); err != nil {
+	// One bind per node at a time contends for the node's Lease: the others wait here, in
+	// the process, instead of racing for it with API writes that would conflict.
+	// The gate and the Lease share one deadline: the hand-off timeout.
+	waitCtx, cancelWait := context.WithTimeout(ctx, pl.args.HandoffTimeout.Duration)
+	defer cancelWait()
+	release, err := pl.nodeGates.acquire(waitCtx, nodeName)
+	if err != nil {
+		return fwk.AsStatus(fmt.Errorf("timed out after %s waiting for other pods' hand-offs on node %s: %w", pl.args.HandoffTimeout.Duration, nodeName, err))
+	}
+	defer release()
+	if err := pl.takeHandoff(waitCtx, pod, nodeName, holder, digest); err != nil {
 		return fwk.AsStatus(err)
 	}
 	observeHandoffWait(waitStart)
@@ -108,8 +119,6 @@ func holderIdentity(pod *v1.Pod) string {
 func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, holder, digest string) error {
 	leases := pl.client.CoordinationV1().Leases(pl.args.LeaseNamespace)
 	name := api.HandoffLeaseName(nodeName)
-	ctx, cancel := context.WithTimeout(ctx, pl.args.HandoffTimeout.Duration)
-	defer cancel()
 	wait := 50 * time.Millisecond
 	for {
 		lease, err := leases.Get(ctx, name, metav1.GetOptions{})
@@ -239,4 +248,29 @@ func describe(res *placement.Result) string {
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// nodeGates lets one bind at a time per node take the node's hand-off Lease.
+type nodeGates struct {
+	mu    sync.Mutex
+	gates map[string]chan struct{}
+}
+
+func (g *nodeGates) acquire(ctx context.Context, node string) (release func(), err error) {
+	g.mu.Lock()
+	if g.gates == nil {
+		g.gates = map[string]chan struct{}{}
+	}
+	gate, ok := g.gates[node]
+	if !ok {
+		gate = make(chan struct{}, 1)
+		g.gates[node] = gate
+	}
+	g.mu.Unlock()
+	select {
+	case gate <- struct{}{}:
+		return func() { <-gate }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }

@@ -54,6 +54,8 @@ type DynamicMIG struct {
 	inventory *inventoryCache
 	// reservations holds what Reserve chose for pods not yet bound with it.
 	reservations *reservationCache
+	// nodeGates serialise the binds of one node before they contend for its Lease.
+	nodeGates nodeGates
 	// heartbeatWaiters are pods refused because a node's device plugin heartbeat expired;
 	// they are activated when a heartbeat is renewed.
 	heartbeatWaiters sync.Map // types.UID → *v1.Pod
