@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -385,25 +384,7 @@ func (s *standIn) handle(ctx context.Context, obj any) {
 	}
 	s.done[p.UID] = true
 	s.mu.Unlock()
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.BindPhaseAnnotation: api.BindPhaseSuccess}}})
-	if _, err := s.client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return // the pod is gone, or the test is ending
-	}
-	s.writes.Add(1)
-	holder := p.Namespace + "/" + p.Name + "/" + string(p.UID)
-	leases := s.client.CoordinationV1().Leases(api.DefaultSystemNamespace)
-	_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		l, err := leases.Get(ctx, api.HandoffLeaseName(p.Spec.NodeName), metav1.GetOptions{})
-		if err != nil || ptr.Deref(l.Spec.HolderIdentity, "") != holder {
-			return nil // taken over already: nothing to release
-		}
-		l.Spec.HolderIdentity = nil
-		if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
-			return err
-		}
-		s.writes.Add(1)
-		return nil
-	})
+	s.writes.Add(int64(cluster.RealiseAsDevicePlugin(ctx, s.client, p)))
 }
 
 // resume ends a pause and realises the pods it ignored meanwhile.

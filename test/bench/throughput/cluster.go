@@ -2,7 +2,6 @@ package throughput
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,13 +19,13 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/deviceplugin/inventory"
 	"github.com/dynamig/dynamig/nvml/sim"
+	"github.com/dynamig/dynamig/test/cluster"
 )
 
 // GPUModel is the simulated GPU every benchmark node carries, GPUsPerNode of them.
@@ -227,25 +226,7 @@ func (s *standIn) handle(ctx context.Context, obj any) {
 }
 
 func (s *standIn) realise(ctx context.Context, p *v1.Pod) {
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.BindPhaseAnnotation: api.BindPhaseSuccess}}})
-	if _, err := s.client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return // the pod is gone, or the run is ending
-	}
-	s.writes.Add(1)
-	holder := p.Namespace + "/" + p.Name + "/" + string(p.UID)
-	leases := s.client.CoordinationV1().Leases(api.DefaultSystemNamespace)
-	_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		l, err := leases.Get(ctx, api.HandoffLeaseName(p.Spec.NodeName), metav1.GetOptions{})
-		if err != nil || ptr.Deref(l.Spec.HolderIdentity, "") != holder {
-			return nil // taken over already: nothing to release
-		}
-		l.Spec.HolderIdentity = nil
-		if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
-			return err
-		}
-		s.writes.Add(1)
-		return nil
-	})
+	s.writes.Add(int64(cluster.RealiseAsDevicePlugin(ctx, s.client, p)))
 }
 
 // Profile is which scheduler configuration a scenario runs.

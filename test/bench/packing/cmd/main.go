@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"flag"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dynamig/dynamig/test/bench/machine"
 	"github.com/dynamig/dynamig/test/bench/packing"
 )
 
@@ -36,7 +36,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	m := packing.Machine{Cores: runtime.NumCPU(), CPU: cpuModel(), At: time.Now().UTC().Format("2006-01-02 15:04 MST"),
+	m := packing.Machine{Cores: runtime.NumCPU(), CPU: machine.CPUModel(), At: time.Now().UTC().Format("2006-01-02 15:04 MST"),
 		Command: "go run ./test/bench/packing/cmd " + strings.Join(os.Args[1:], " ")}
 	var md, svg bytes.Buffer
 	rep.WriteMarkdown(&md, m)
@@ -52,19 +52,4 @@ func main() {
 			os.Exit(1)
 		}
 	}
-}
-
-func cpuModel() string {
-	f, err := os.Open("/proc/cpuinfo")
-	if err != nil {
-		return "unknown CPU"
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown CPU"
 }

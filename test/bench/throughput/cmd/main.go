@@ -4,7 +4,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"flag"
@@ -18,6 +17,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/dynamig/dynamig/test/bench/machine"
 	"github.com/dynamig/dynamig/test/bench/throughput"
 )
 
@@ -88,7 +88,7 @@ func main() {
 	if !keepLog {
 		_ = os.Remove(*logPath)
 	}
-	m := throughput.Machine{Cores: runtime.NumCPU(), CPU: cpuModel(), At: time.Now().UTC().Format("2006-01-02 15:04 MST"),
+	m := throughput.Machine{Cores: runtime.NumCPU(), CPU: machine.CPUModel(), At: time.Now().UTC().Format("2006-01-02 15:04 MST"),
 		Command: strings.TrimSpace("go run ./test/bench/throughput/cmd " + strings.Join(os.Args[1:], " ")), Took: time.Since(start)}
 	var md bytes.Buffer
 	rep.WriteMarkdown(&md, m)
@@ -97,19 +97,4 @@ func main() {
 		fail(err)
 	}
 	fmt.Fprintf(os.Stderr, "wrote %s\n", p)
-}
-
-func cpuModel() string {
-	f, err := os.Open("/proc/cpuinfo")
-	if err != nil {
-		return "unknown CPU"
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown CPU"
 }
