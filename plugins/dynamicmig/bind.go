@@ -115,29 +115,32 @@ func holderIdentity(pod *v1.Pod) string {
 // takeHandoff takes the node's hand-off Lease for the pod. It waits, never fails fast,
 // while another pod holds it, and takes it over only when that pod is gone, terminal,
 // fully realised, or still unbound after the Lease expired (a scheduler died between
-// Lease and Binding).
+// Lease and Binding). The Lease and its holder are read from the informers, so a hand-off
+// costs one write and no read; a stale cache only costs a refused write and another look.
 func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, holder, digest string) error {
 	leases := pl.client.CoordinationV1().Leases(pl.args.LeaseNamespace)
 	name := api.HandoffLeaseName(nodeName)
-	wait := 50 * time.Millisecond
+	wait := 20 * time.Millisecond
 	for {
-		lease, err := leases.Get(ctx, name, metav1.GetOptions{})
+		changed := pl.leaseChanges.next()
+		cached, err := pl.leases.Get(name)
 		now := metav1.NewMicroTime(time.Now())
 		switch {
 		case apierrors.IsNotFound(err):
-			lease = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: pl.args.LeaseNamespace}}
+			lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: pl.args.LeaseNamespace}}
 			pl.fillHandoff(lease, holder, digest, now)
 			if _, err = leases.Create(ctx, lease, metav1.CreateOptions{}); err == nil {
 				return nil
 			}
 		case err != nil:
 		default:
-			current := ptr.Deref(lease.Spec.HolderIdentity, "")
+			current := ptr.Deref(cached.Spec.HolderIdentity, "")
 			var why string
 			if current != "" && current != holder {
-				why = pl.holderBlocks(ctx, lease, current)
+				why = pl.holderBlocks(ctx, cached, current)
 			}
 			if why == "" {
+				lease := cached.DeepCopy()
 				pl.fillHandoff(lease, holder, digest, now)
 				if _, err = leases.Update(ctx, lease, metav1.UpdateOptions{}); err == nil {
 					return nil
@@ -149,12 +152,15 @@ func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, ho
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
 			klog.FromContext(ctx).V(4).Info("Waiting for the hand-off Lease", "pod", klog.KObj(pod), "lease", name, "reason", err)
 		}
+		// Any Lease event may be the release: look again then, or after a backoff that
+		// covers a missed event (a holder that ends without touching the Lease).
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("timed out after %s waiting for hand-off Lease %s/%s: %v", pl.args.HandoffTimeout.Duration, pl.args.LeaseNamespace, name, err)
+		case <-changed:
 		case <-time.After(wait):
+			wait = min(2*wait, time.Second)
 		}
-		wait = min(2*wait, time.Second)
 	}
 }
 
@@ -170,10 +176,15 @@ func (pl *DynamicMIG) fillHandoff(lease *coordinationv1.Lease, holder, digest st
 }
 
 // holderBlocks says why the current holder keeps the Lease, or "" when it may be taken over.
+// A holder the pod informer shows still being realised blocks without an API read; a
+// take-over is only decided on a direct read, since the informer may lag.
 func (pl *DynamicMIG) holderBlocks(ctx context.Context, lease *coordinationv1.Lease, holder string) string {
 	parts := strings.SplitN(holder, "/", 3)
 	if len(parts) != 3 {
 		return "" // not a holder this project writes: take it
+	}
+	if p, err := pl.pods.Pods(parts[0]).Get(parts[1]); err == nil && holderKeeps(p, parts[2], lease) {
+		return blockedBy(p)
 	}
 	p, err := pl.client.CoreV1().Pods(parts[0]).Get(ctx, parts[1], metav1.GetOptions{})
 	switch {
@@ -181,14 +192,38 @@ func (pl *DynamicMIG) holderBlocks(ctx context.Context, lease *coordinationv1.Le
 		return ""
 	case err != nil:
 		return fmt.Sprintf("cannot read hand-off holder %s: %v", holder, err)
-	case string(p.UID) != parts[2], p.Status.Phase == v1.PodSucceeded, p.Status.Phase == v1.PodFailed, p.DeletionTimestamp != nil:
-		return ""
-	case p.Annotations[api.BindPhaseAnnotation] == api.BindPhaseSuccess || p.Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed:
-		return ""
-	case p.Spec.NodeName == "" && !leaseFresh(lease, time.Now()):
-		return ""
+	case holderKeeps(p, parts[2], lease):
+		return blockedBy(p)
 	}
+	return ""
+}
+
+// holderKeeps reports whether the pod (of the holder's uid) still holds the hand-off: it
+// exists, is not ending, is not realised or failed, and is bound or its Lease is fresh.
+func holderKeeps(p *v1.Pod, uid string, lease *coordinationv1.Lease) bool {
+	switch {
+	case string(p.UID) != uid, p.Status.Phase == v1.PodSucceeded, p.Status.Phase == v1.PodFailed, p.DeletionTimestamp != nil:
+		return false
+	case p.Annotations[api.BindPhaseAnnotation] == api.BindPhaseSuccess || p.Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed:
+		return false
+	case p.Spec.NodeName == "" && !leaseFresh(lease, time.Now()):
+		return false
+	}
+	return true
+}
+
+func blockedBy(p *v1.Pod) string {
 	return fmt.Sprintf("pod %s/%s holds it and is being realised (bind-phase %q)", p.Namespace, p.Name, p.Annotations[api.BindPhaseAnnotation])
+}
+
+// handoffBusy reports whether a GPU pod is being handed off on the node: one reserved by
+// this scheduler and not yet seen bound, or a fresh hand-off Lease with a holder.
+func (pl *DynamicMIG) handoffBusy(node string) bool {
+	if pl.reservations.reservedOn(node) > 0 {
+		return true
+	}
+	l, err := pl.leases.Get(api.HandoffLeaseName(node))
+	return err == nil && ptr.Deref(l.Spec.HolderIdentity, "") != "" && leaseFresh(l, time.Now())
 }
 
 // releaseHandoff clears the Lease's holder after a failed Binding, if it is still ours.
@@ -272,5 +307,30 @@ func (g *nodeGates) acquire(ctx context.Context, node string) (release func(), e
 		return func() { <-gate }, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+}
+
+// broadcast wakes every waiter once per event: next returns a channel that is closed at
+// the next call of notify.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (b *broadcast) next() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+func (b *broadcast) notify() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
 	}
 }

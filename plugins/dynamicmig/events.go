@@ -65,6 +65,7 @@ func leaseFresh(l *coordinationv1.Lease, now time.Time) bool {
 // onLeaseEvent activates the pods refused for an expired heartbeat when any heartbeat
 // comes back.
 func (pl *DynamicMIG) onLeaseEvent(oldObj, newObj any) {
+	pl.leaseChanges.notify()
 	l, ok := newObj.(*coordinationv1.Lease)
 	if !ok || len(l.Name) <= len(api.HeartbeatLeasePrefix) || l.Name[:len(api.HeartbeatLeasePrefix)] != api.HeartbeatLeasePrefix {
 		return
@@ -92,3 +93,4 @@ func (pl *DynamicMIG) onLeaseEvent(oldObj, newObj any) {
 
 func (pl *DynamicMIG) onLeaseAdd(obj any)               { pl.onLeaseEvent(nil, obj) }
 func (pl *DynamicMIG) onLeaseUpdate(oldObj, newObj any) { pl.onLeaseEvent(oldObj, newObj) }
+func (pl *DynamicMIG) onLeaseDelete(any)                { pl.leaseChanges.notify() }

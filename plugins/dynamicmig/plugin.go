@@ -15,6 +15,7 @@ import (
 	coordinationinformers "k8s.io/client-go/informers/coordination/v1"
 	clientset "k8s.io/client-go/kubernetes"
 	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -51,6 +52,9 @@ type DynamicMIG struct {
 	device    *config.DeviceConfig
 	opts      placement.Options
 	leases    coordinationlisters.LeaseNamespaceLister
+	pods      corelisters.PodLister
+	// leaseChanges wakes binds waiting for a hand-off Lease on every Lease event.
+	leaseChanges broadcast
 	inventory *inventoryCache
 	// reservations holds what Reserve chose for pods not yet bound with it.
 	reservations *reservationCache
@@ -99,10 +103,11 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 		return coordinationinformers.NewLeaseInformer(c, args.LeaseNamespace, resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	})
 	pl.leases = coordinationlisters.NewLeaseLister(informer.GetIndexer()).Leases(args.LeaseNamespace)
-	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: pl.onLeaseAdd, UpdateFunc: pl.onLeaseUpdate}); err != nil {
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: pl.onLeaseAdd, UpdateFunc: pl.onLeaseUpdate, DeleteFunc: pl.onLeaseDelete}); err != nil {
 		return nil, fmt.Errorf("%s: watching Leases: %w", Name, err)
 	}
 	factory := h.SharedInformerFactory()
+	pl.pods = factory.Core().V1().Pods().Lister()
 	collector.setSource(pl, factory.Core().V1().Nodes().Lister(), factory.Core().V1().Pods().Lister())
 	// Drop in-flight reservations of deleted pods. Bound pods' entries are dropped when a
 	// NodeInfo shows the pod with its annotation (addOccupancy): dropping them on the

@@ -17,6 +17,7 @@ const (
 	gpuWeight           = 1000
 	hostWeight          = 200
 	fragmentationWeight = 10
+	handoffBusyPenalty  = gpuWeight + hostWeight
 )
 
 // PreScore skips Score for pods without GPU requests (PreFilter skipped them, so no state).
@@ -50,7 +51,12 @@ func (pl *DynamicMIG) Score(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if pl.opts.FragmentationAware {
 		cost = f.result.Cost
 	}
-	return int64(math.Round(gpu*gpuWeight+host*hostWeight)) - int64(cost*fragmentationWeight), nil
+	score := int64(math.Round(gpu*gpuWeight+host*hostWeight)) - int64(cost*fragmentationWeight)
+	if *pl.args.HandoffAwareScoring && pl.handoffBusy(nodeInfo.Node().Name) {
+		// Below every idle node: Bind would wait for the node's Lease.
+		score -= handoffBusyPenalty
+	}
+	return score, nil
 }
 
 // hostUtilisation is the mean of the node's requested CPU and memory fractions.

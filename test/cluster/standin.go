@@ -23,7 +23,14 @@ func RealiseAsDevicePlugin(ctx context.Context, client kubernetes.Interface, p *
 	if _, err := client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return 0 // the pod is gone, or the run is ending
 	}
-	writes := 1
+	return 1 + ReleaseHandoff(ctx, client, p)
+}
+
+// ReleaseHandoff clears the holder of the pod's node hand-off Lease if the pod holds it, as
+// the device plugin does after the pod's last container: the one write the throughput
+// benchmark's stand-in makes per GPU pod. It returns the writes it made.
+func ReleaseHandoff(ctx context.Context, client kubernetes.Interface, p *v1.Pod) int {
+	writes := 0
 	holder := p.Namespace + "/" + p.Name + "/" + string(p.UID)
 	leases := client.CoordinationV1().Leases(api.DefaultSystemNamespace)
 	_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -32,6 +39,7 @@ func RealiseAsDevicePlugin(ctx context.Context, client kubernetes.Interface, p *
 			return nil // taken over already: nothing to release
 		}
 		l.Spec.HolderIdentity = nil
+		delete(l.Annotations, api.ReservationDigestAnnotation)
 		if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
 			return err
 		}

@@ -226,7 +226,7 @@ func (s *standIn) handle(ctx context.Context, obj any) {
 }
 
 func (s *standIn) realise(ctx context.Context, p *v1.Pod) {
-	s.writes.Add(int64(cluster.RealiseAsDevicePlugin(ctx, s.client, p)))
+	s.writes.Add(int64(cluster.ReleaseHandoff(ctx, s.client, p)))
 }
 
 // Profile is which scheduler configuration a scenario runs.

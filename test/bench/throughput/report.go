@@ -54,8 +54,8 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 	fmt.Fprintf(w, "- Scenarios: (a) default plugins only: the shipped `manifests/scheduler-config.yaml` with DynamicMIG removed from multiPoint, "+
 		"bind reset to DefaultBinder and its pluginConfig dropped; CPU pods. (b) DynamicMIG (the shipped configuration), GPU pods. "+
 		"(c) DynamicMIG, CPU pods.\n")
-	fmt.Fprintf(w, "- The stand-in device plugin (user `%s`, its writes counted apart) sets `hami.io/bind-phase: success` on each GPU pod "+
-		"as soon as it is bound and releases the node's hand-off Lease if the pod holds it.\n", cluster.UserDevicePlugin)
+	fmt.Fprintf(w, "- The stand-in device plugin (user `%s`, its writes counted apart) releases the node's hand-off Lease "+
+		"(clears its holder) as soon as a GPU pod holding it is bound, as the device plugin does after the pod's last container.\n", cluster.UserDevicePlugin)
 	fmt.Fprintf(w, "- Client QPS: the scheduler's `clientConnection` qps/burst patched in the config copy: %s.\n\n", qpsList(r.Config.QPS))
 	fmt.Fprintf(w, "Measures: **pods/s** = pods ÷ (last pod seen bound by a watch − first create request); "+
 		"**latency** = from a pod's create request to its binding seen by the watch; "+

@@ -1,7 +1,7 @@
 // Package throughput measures dynamig-scheduler's scheduling throughput: the real
 // scheduler (test/cluster.StartScheduler) against the in-process etcd and kube-apiserver,
 // with plain Node objects carrying the inventory of 8 simulated A100-40GB GPUs each, fresh
-// heartbeat Leases, and a stand-in device plugin that realises each bound GPU pod at once.
+// heartbeat Leases, and a stand-in device plugin that releases each bound GPU pod's hand-off Lease at once.
 //
 // Three scenarios per node count and client QPS: (a) default plugins only, CPU pods; (b)
 // DynamicMIG (the shipped configuration), GPU pods on the MIG nodes; (c) DynamicMIG, CPU
@@ -122,7 +122,7 @@ type Result struct {
 	// (conflicts on the hand-off Lease, mostly), by "verb resource code"; not in Writes.
 	Refused      map[string]int
 	RefusedTotal int
-	// StandInWrites are the stand-in device plugin's writes (bind-phase and Lease release).
+	// StandInWrites are the stand-in device plugin's writes (hand-off Lease releases).
 	StandInWrites int64
 	// PeakRSSKiB is the process's VmHWM during the scenario (reset before it via
 	// /proc/self/clear_refs when the kernel allows; ResetRSS says whether it did).
