@@ -50,7 +50,7 @@ type reservationCache struct {
 	inflight map[types.UID]inflight
 	// perNode counts the in-flight reservations of each node.
 	perNode map[string]int
-	decoded  map[string][]api.MigReservation
+	decoded map[string][]api.MigReservation
 }
 
 type inflight struct {

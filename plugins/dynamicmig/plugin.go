@@ -46,16 +46,16 @@ var (
 
 // DynamicMIG is the plugin.
 type DynamicMIG struct {
-	handle    fwk.Handle
-	client    clientset.Interface
-	args      *config.DynamicMIGArgs
-	device    *config.DeviceConfig
-	opts      placement.Options
-	leases    coordinationlisters.LeaseNamespaceLister
-	pods      corelisters.PodLister
+	handle fwk.Handle
+	client clientset.Interface
+	args   *config.DynamicMIGArgs
+	device *config.DeviceConfig
+	opts   placement.Options
+	leases coordinationlisters.LeaseNamespaceLister
+	pods   corelisters.PodLister
 	// leaseChanges wakes binds waiting for a hand-off Lease on every Lease event.
 	leaseChanges broadcast
-	inventory *inventoryCache
+	inventory    *inventoryCache
 	// reservations holds what Reserve chose for pods not yet bound with it.
 	reservations *reservationCache
 	// nodeGates serialise the binds of one node before they contend for its Lease.
