@@ -1,0 +1,146 @@
+package dynamicmig
+
+import (
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+)
+
+// TestHandoffAwareScoring: binpack sends a second GPU pod to the node already in use,
+// unless that node's hand-off is in progress (a reservation not yet bound, or a Lease
+// whose holder is not realised), in which case an idle node wins; with the option off,
+// binpack wins regardless.
+func TestHandoffAwareScoring(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		aware bool
+		// bound: the first pod is bound and holds the Lease; otherwise it is only reserved.
+		bound    bool
+		released bool
+		wantSame bool
+	}{
+		{name: "reserved, aware", aware: true, wantSame: false},
+		{name: "bound and holding the Lease, aware", aware: true, bound: true, wantSame: false},
+		{name: "bound, Lease released, aware", aware: true, bound: true, released: true, wantSame: true},
+		{name: "reserved, not aware", aware: false, wantSame: true},
+		{name: "bound and holding the Lease, not aware", aware: false, bound: true, wantSame: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nodes := []*v1.Node{gpuNode(t, "n1", api.ModeMIG, "A100-40GB"), gpuNode(t, "n2", api.ModeMIG, "A100-40GB")}
+			e := newEnv(t, &config.DynamicMIGArgs{HandoffAwareScoring: ptr.To(tc.aware)}, nodes)
+			e.realise = false
+			first := gpuPod("first", api.ModeMIG, [2]int{1, 4000})
+			if _, err := e.client.CoreV1().Pods("default").Create(e.ctx, first, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			state, node, statuses := e.cycle(first)
+			if node == "" {
+				t.Fatalf("first pod unschedulable: %s", reasons(statuses))
+			}
+			assumed := first.DeepCopy()
+			assumed.Spec.NodeName = node
+			if tc.bound {
+				if st := e.fw.RunBindPlugins(e.ctx, state, first, node); !st.IsSuccess() {
+					t.Fatal(st.AsError())
+				}
+				e.pl.reservations.remove(first.UID) // the scheduler cache now shows it bound
+				if tc.released {
+					l, err := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Get(e.ctx, api.HandoffLeaseName(node), metav1.GetOptions{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					l.Spec.HolderIdentity = nil
+					if _, err := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Update(e.ctx, l, metav1.UpdateOptions{}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				waitFor(t, func() bool { return e.pl.handoffBusy(node) == !tc.released })
+			}
+			second := gpuPod("second", api.ModeMIG, [2]int{1, 4000})
+			if _, err := e.client.CoreV1().Pods("default").Create(e.ctx, second, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			_, node2, statuses := e.cycle(second, assumed)
+			if node2 == "" {
+				t.Fatalf("second pod unschedulable: %s", reasons(statuses))
+			}
+			if (node2 == node) != tc.wantSame {
+				t.Errorf("first pod on %s, second on %s; want the same node: %v", node, node2, tc.wantSame)
+			}
+		})
+	}
+}
+
+// TestBindReadsLeaseFromInformerAndWakesOnRelease: a Bind waiting for another pod's
+// hand-off reads neither the Lease nor its holder from the API server, and proceeds as
+// soon as the holder's release reaches the Lease informer.
+func TestBindReadsLeaseFromInformerAndWakesOnRelease(t *testing.T) {
+	e := newEnv(t, &config.DynamicMIGArgs{HandoffAwareScoring: ptr.To(false)}, []*v1.Node{gpuNode(t, "n1", api.ModeMIG, "A100-40GB")})
+	e.realise = false
+	first := gpuPod("first", api.ModeMIG, [2]int{1, 4000})
+	if bound, statuses := e.schedule(first); bound == nil {
+		t.Fatalf("first pod unschedulable: %s", reasons(statuses))
+	}
+	first = e.pod("first")
+	waitFor(t, func() bool {
+		p, err := e.pl.pods.Pods("default").Get("first")
+		return err == nil && p.Spec.NodeName != ""
+	})
+	waitFor(t, func() bool { return e.pl.handoffBusy("n1") })
+	e.client.ClearActions()
+
+	second := gpuPod("second", api.ModeMIG, [2]int{1, 4000})
+	if _, err := e.client.CoreV1().Pods("default").Create(e.ctx, second, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	state, node, statuses := e.cycle(second, first)
+	if node != "n1" {
+		t.Fatalf("second pod: node %q, %s", node, reasons(statuses))
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.fw.RunBindPlugins(e.ctx, state, second, node).AsError() }()
+	select {
+	case err := <-done:
+		t.Fatalf("the second Bind did not wait for the first pod's hand-off: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	released := time.Now()
+	l, err := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Get(e.ctx, api.HandoffLeaseName("n1"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Spec.HolderIdentity = nil
+	if _, err := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Update(e.ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second Bind did not proceed after the release")
+	}
+	// The backoff has grown past 300 ms by now: only the Lease event explains a prompt bind.
+	if d := time.Since(released); d > 250*time.Millisecond {
+		t.Errorf("the second Bind took %v after the release; want it woken by the Lease event", d)
+	}
+	gets := 0
+	for _, a := range e.client.Actions() {
+		switch {
+		case a.GetVerb() == "get" && a.GetResource().Resource == "pods":
+			t.Errorf("Bind read the holder pod from the API server: %v", a)
+		case a.GetVerb() == "get" && a.GetResource().Resource == "leases":
+			gets++
+		}
+	}
+	if gets != 1 {
+		t.Errorf("Lease reads from the API server: %d, want only the test's own", gets)
+	}
+}
