@@ -130,3 +130,43 @@ func (c *reservationCache) decode(raw string) ([]api.MigReservation, error) {
 	c.mu.Unlock()
 	return recs, nil
 }
+
+// fitCache remembers, per node, the last fit computed: the same request against the same
+// NodeInfo generation (which changes with every pod added or removed and every node update,
+// preemption's dry runs included) gives the same fit. Replicas of one workload ask alike,
+// so a scheduling cycle mostly recomputes only the node the previous pod went to.
+type fitCache struct {
+	mu    sync.Mutex
+	nodes map[string]cachedFit
+}
+
+type cachedFit struct {
+	generation int64
+	request    string
+	fit        *nodeFit
+	refusal    *placement.Refusal
+}
+
+// maxCachedNodes bounds the cache; it is dropped whole when full (deleted nodes).
+const maxCachedNodes = 1 << 16
+
+func newFitCache() *fitCache { return &fitCache{nodes: map[string]cachedFit{}} }
+
+func (c *fitCache) get(node string, generation int64, request string) (cachedFit, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.nodes[node]
+	if !ok || e.generation != generation || e.request != request {
+		return cachedFit{}, false
+	}
+	return e, true
+}
+
+func (c *fitCache) put(node string, e cachedFit) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.nodes) >= maxCachedNodes {
+		c.nodes = map[string]cachedFit{}
+	}
+	c.nodes[node] = e
+}

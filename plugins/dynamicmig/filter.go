@@ -2,6 +2,7 @@ package dynamicmig
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -41,7 +42,11 @@ func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *
 			"container %q asks for %s %d (MiB per GPU device); the largest device any node offers has %d MiB",
 			req.MaxMemoryContainer, pl.args.ResourceMemoryName, req.MaxMemoryMiB, largest))
 	}
-	state.Write(stateKey, &stateData{req: req, fits: map[string]*nodeFit{}})
+	key, err := json.Marshal(req.Request)
+	if err != nil {
+		return nil, fwk.AsStatus(fmt.Errorf("keying the GPU request: %w", err))
+	}
+	state.Write(stateKey, &stateData{req: req, key: string(key), fits: map[string]*nodeFit{}})
 	return nil, nil
 }
 
@@ -80,15 +85,25 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 		return fwk.AsStatus(err)
 	}
 	node := nodeInfo.Node()
-	gpus, status := pl.nodeGPUs(nodeInfo)
-	if status != nil {
-		return status
-	}
 	if status := pl.checkHeartbeat(pod, node.Name); status != nil {
 		return status
 	}
-	res, refusal := placement.Fit(gpus, &s.req.Request, pl.opts)
-	if refusal != nil {
+	generation := nodeInfo.GetGeneration()
+	cached, hit := pl.fits.get(node.Name, generation, s.key)
+	if !hit {
+		gpus, status := pl.nodeGPUs(nodeInfo)
+		if status != nil {
+			return status
+		}
+		cached = cachedFit{generation: generation, request: s.key}
+		res, refusal := placement.Fit(gpus, &s.req.Request, pl.opts)
+		if refusal == nil {
+			cached.fit = &nodeFit{result: res, gpus: gpus, gpuUtil: placement.NodeUtilisation(gpus, res)}
+		}
+		cached.refusal = refusal
+		pl.fits.put(node.Name, cached)
+	}
+	if refusal := cached.refusal; refusal != nil {
 		klog.FromContext(ctx).V(5).Info("Pod does not fit", "pod", klog.KObj(pod), "node", klog.KObj(node), "reason", refusal.Reason, "detail", refusal.Detail)
 		observeRefusal(string(refusal.Reason))
 		code := fwk.Unschedulable
@@ -98,7 +113,7 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 		}
 		return fwk.NewStatus(code, string(refusal.Reason))
 	}
-	s.setFit(node.Name, &nodeFit{result: res, gpus: gpus})
+	s.setFit(node.Name, cached.fit)
 	return nil
 }
 

@@ -56,6 +56,8 @@ type DynamicMIG struct {
 	// leaseChanges wakes binds waiting for a hand-off Lease on every Lease event.
 	leaseChanges broadcast
 	inventory    *inventoryCache
+	// fits remembers each node's last fit (same request, same NodeInfo generation).
+	fits *fitCache
 	// reservations holds what Reserve chose for pods not yet bound with it.
 	reservations *reservationCache
 	// nodeGates serialise the binds of one node before they contend for its Lease.
@@ -95,6 +97,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 			DefaultMemory:      device.Nvidia.DefaultMemory,
 		},
 		inventory:    newInventoryCache(),
+		fits:         newFitCache(),
 		reservations: newReservationCache(),
 	}
 	// Only the system namespace's Leases are watched: the node leases of kube-node-lease

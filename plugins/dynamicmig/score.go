@@ -8,7 +8,6 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/dynamig/dynamig/api"
-	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
 
 // Score weights: GPU occupancy leads, the node's CPU and memory follow, and each unit of
@@ -42,7 +41,7 @@ func (pl *DynamicMIG) Score(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if !ok {
 		return 0, fwk.AsStatus(errNoFit(nodeInfo.Node().Name))
 	}
-	gpu := placement.NodeUtilisation(f.gpus, f.result)
+	gpu := f.gpuUtil
 	host := hostUtilisation(nodeInfo)
 	if s.req.NodePolicy == api.PolicySpread {
 		gpu, host = 1-gpu, 1-host

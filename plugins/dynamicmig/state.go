@@ -13,22 +13,27 @@ import (
 // stateData is what PreFilter computes once per cycle, and what Filter found per node.
 type stateData struct {
 	req *request.Request
+	// key identifies the request's shape for the fit cache.
+	key string
 
 	mu   sync.Mutex
 	fits map[string]*nodeFit
 }
 
 // nodeFit is a pod's fit on one node and the occupancy it was computed against.
+// It may be shared by cycles (fitCache): nothing writes to it after Filter.
 type nodeFit struct {
 	result *placement.Result
 	gpus   []placement.GPU
+	// gpuUtil is the node's GPU utilisation after placement.
+	gpuUtil float64
 }
 
 // Clone implements fwk.StateData; preemption's dry runs work on clones.
 func (s *stateData) Clone() fwk.StateData {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := &stateData{req: s.req, fits: make(map[string]*nodeFit, len(s.fits))}
+	c := &stateData{req: s.req, key: s.key, fits: make(map[string]*nodeFit, len(s.fits))}
 	for k, v := range s.fits {
 		c.fits[k] = v
 	}
