@@ -219,11 +219,7 @@ func blockedBy(p *v1.Pod) string {
 // handoffBusy reports whether a GPU pod is being handed off on the node: one reserved by
 // this scheduler and not yet seen bound, or a fresh hand-off Lease with a holder.
 func (pl *DynamicMIG) handoffBusy(node string) bool {
-	if pl.reservations.reservedOn(node) > 0 {
-		return true
-	}
-	l, err := pl.leases.Get(api.HandoffLeaseName(node))
-	return err == nil && ptr.Deref(l.Spec.HolderIdentity, "") != "" && leaseFresh(l, time.Now())
+	return pl.reservations.reservedOn(node) > 0 || pl.leaseTimes.handoffHeld(node, time.Now())
 }
 
 // releaseHandoff clears the Lease's holder after a failed Binding, if it is still ours.

@@ -14,6 +14,10 @@ import (
 type inventoryCache struct {
 	mu    sync.Mutex
 	nodes map[string]decodedInventory
+	// largest is the most memory of one device, per mode ("" for either), over every
+	// inventory decoded so far. It never shrinks: it can only let PreFilter pass a request
+	// that Filter then refuses, never refuse one that fits.
+	largest map[string]int
 }
 
 type decodedInventory struct {
@@ -23,7 +27,7 @@ type decodedInventory struct {
 }
 
 func newInventoryCache() *inventoryCache {
-	return &inventoryCache{nodes: map[string]decodedInventory{}}
+	return &inventoryCache{nodes: map[string]decodedInventory{}, largest: map[string]int{}}
 }
 
 // get returns the node's GPUs; ok is false when the node publishes no inventory.
@@ -39,7 +43,31 @@ func (c *inventoryCache) get(node *v1.Node) (gpus []api.GPU, ok bool, err error)
 	}
 	gpus, err = api.DecodeInventory(raw)
 	c.nodes[node.Name] = decodedInventory{raw: raw, gpus: gpus, err: err}
+	for i := range gpus {
+		m := largestDevice(&gpus[i])
+		c.largest[gpus[i].Mode] = max(c.largest[gpus[i].Mode], m)
+		c.largest[""] = max(c.largest[""], m)
+	}
 	return gpus, true, err
+}
+
+// largestSeen is the most memory of one device of the mode ("" for either) seen so far.
+func (c *inventoryCache) largestSeen(mode string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.largest[mode]
+}
+
+// largestDevice is the most memory one device of the GPU can have.
+func largestDevice(g *api.GPU) int {
+	if g.Mode != api.ModeMIG {
+		return g.Devmem
+	}
+	largest := 0
+	for _, p := range g.MigProfiles {
+		largest = max(largest, p.MemoryMB)
+	}
+	return largest
 }
 
 // reservationCache holds the reservations Reserve made for pods whose Binding (and so

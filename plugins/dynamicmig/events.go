@@ -2,10 +2,13 @@ package dynamicmig
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -65,9 +68,12 @@ func leaseFresh(l *coordinationv1.Lease, now time.Time) bool {
 // onLeaseEvent activates the pods refused for an expired heartbeat when any heartbeat
 // comes back.
 func (pl *DynamicMIG) onLeaseEvent(oldObj, newObj any) {
-	pl.leaseChanges.notify()
 	l, ok := newObj.(*coordinationv1.Lease)
-	if !ok || len(l.Name) <= len(api.HeartbeatLeasePrefix) || l.Name[:len(api.HeartbeatLeasePrefix)] != api.HeartbeatLeasePrefix {
+	if ok {
+		pl.leaseTimes.set(l)
+	}
+	pl.leaseChanges.notify()
+	if !ok || !strings.HasPrefix(l.Name, api.HeartbeatLeasePrefix) || len(l.Name) == len(api.HeartbeatLeasePrefix) {
 		return
 	}
 	now := time.Now()
@@ -93,4 +99,73 @@ func (pl *DynamicMIG) onLeaseEvent(oldObj, newObj any) {
 
 func (pl *DynamicMIG) onLeaseAdd(obj any)               { pl.onLeaseEvent(nil, obj) }
 func (pl *DynamicMIG) onLeaseUpdate(oldObj, newObj any) { pl.onLeaseEvent(oldObj, newObj) }
-func (pl *DynamicMIG) onLeaseDelete(any)                { pl.leaseChanges.notify() }
+func (pl *DynamicMIG) onLeaseDelete(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	if l, ok := obj.(*coordinationv1.Lease); ok {
+		pl.leaseTimes.remove(l)
+	}
+	pl.leaseChanges.notify()
+}
+
+// leaseTimes holds, per node, until when its heartbeat is fresh and until when its
+// hand-off Lease is held, from the Lease informer: Filter and Score ask for every node of
+// every cycle, so they look up a time instead of reading and parsing Leases.
+type leaseTimes struct {
+	mu        sync.RWMutex
+	heartbeat map[string]time.Time
+	handoff   map[string]time.Time
+}
+
+func newLeaseTimes() *leaseTimes {
+	return &leaseTimes{heartbeat: map[string]time.Time{}, handoff: map[string]time.Time{}}
+}
+
+// expiry is when the Lease stops being fresh; zero when it has no renew time or duration.
+func expiry(l *coordinationv1.Lease) time.Time {
+	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+		return time.Time{}
+	}
+	return l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
+}
+
+func (t *leaseTimes) set(l *coordinationv1.Lease) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if node, ok := strings.CutPrefix(l.Name, api.HeartbeatLeasePrefix); ok {
+		t.heartbeat[node] = expiry(l)
+	} else if node, ok := strings.CutPrefix(l.Name, api.HandoffLeasePrefix); ok {
+		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+			delete(t.handoff, node)
+		} else {
+			t.handoff[node] = expiry(l)
+		}
+	}
+}
+
+func (t *leaseTimes) remove(l *coordinationv1.Lease) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if node, ok := strings.CutPrefix(l.Name, api.HeartbeatLeasePrefix); ok {
+		delete(t.heartbeat, node)
+	} else if node, ok := strings.CutPrefix(l.Name, api.HandoffLeasePrefix); ok {
+		delete(t.handoff, node)
+	}
+}
+
+// heartbeatFresh reports whether the node's device plugin heartbeat is fresh at now.
+func (t *leaseTimes) heartbeatFresh(node string, now time.Time) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	e, ok := t.heartbeat[node]
+	return ok && e.After(now)
+}
+
+// handoffHeld reports whether the node's hand-off Lease has a holder and is fresh at now.
+func (t *leaseTimes) handoffHeld(node string, now time.Time) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	e, ok := t.handoff[node]
+	return ok && e.After(now)
+}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -36,7 +35,7 @@ func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *
 	if req == nil {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
-	if largest := pl.largestDevice(req.Mode, nodes); req.MaxMemoryMiB > largest {
+	if largest := pl.largestDevice(req.Mode, req.MaxMemoryMiB, nodes); req.MaxMemoryMiB > largest {
 		observeRefusal(reasonInvalidRequest)
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf(
 			"container %q asks for %s %d (MiB per GPU device); the largest device any node offers has %d MiB",
@@ -50,8 +49,12 @@ func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *
 	return nil, nil
 }
 
-// largestDevice is the most memory one device of the mode can have on any node.
-func (pl *DynamicMIG) largestDevice(mode string, nodes []fwk.NodeInfo) int {
+// largestDevice is the most memory one device of the mode can have on any node. Most
+// requests are below what some node already decoded offers; only the others scan.
+func (pl *DynamicMIG) largestDevice(mode string, need int, nodes []fwk.NodeInfo) int {
+	if seen := pl.inventory.largestSeen(mode); need <= seen {
+		return seen
+	}
 	largest := 0
 	for _, ni := range nodes {
 		gpus, ok, err := pl.inventory.get(ni.Node())
@@ -59,16 +62,8 @@ func (pl *DynamicMIG) largestDevice(mode string, nodes []fwk.NodeInfo) int {
 			continue
 		}
 		for i := range gpus {
-			g := &gpus[i]
-			if mode != "" && g.Mode != mode {
-				continue
-			}
-			if g.Mode == api.ModeMIG {
-				for _, p := range g.MigProfiles {
-					largest = max(largest, p.MemoryMB)
-				}
-			} else {
-				largest = max(largest, g.Devmem)
+			if mode == "" || gpus[i].Mode == mode {
+				largest = max(largest, largestDevice(&gpus[i]))
 			}
 		}
 	}
@@ -201,12 +196,7 @@ func addAssignment(gpus []placement.GPU, a placement.Assignment) {
 
 // checkHeartbeat refuses nodes whose device plugin stopped renewing its heartbeat Lease.
 func (pl *DynamicMIG) checkHeartbeat(pod *v1.Pod, node string) *fwk.Status {
-	lease, err := pl.leases.Get(api.HeartbeatLeaseName(node))
-	switch {
-	case apierrors.IsNotFound(err):
-	case err != nil:
-		return fwk.AsStatus(err)
-	case leaseFresh(lease, time.Now()):
+	if pl.leaseTimes.heartbeatFresh(node, time.Now()) {
 		return nil
 	}
 	pl.heartbeatWaiters.Store(pod.UID, pod)

@@ -53,6 +53,8 @@ type DynamicMIG struct {
 	opts   placement.Options
 	leases coordinationlisters.LeaseNamespaceLister
 	pods   corelisters.PodLister
+	// leaseTimes are the heartbeat and hand-off Lease expiries per node.
+	leaseTimes *leaseTimes
 	// leaseChanges wakes binds waiting for a hand-off Lease on every Lease event.
 	leaseChanges broadcast
 	inventory    *inventoryCache
@@ -98,6 +100,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 		},
 		inventory:    newInventoryCache(),
 		fits:         newFitCache(),
+		leaseTimes:   newLeaseTimes(),
 		reservations: newReservationCache(),
 	}
 	// Only the system namespace's Leases are watched: the node leases of kube-node-lease

@@ -20,6 +20,18 @@ const OptimalBudget = 20_000_000
 // many placed is cut; identical devices of a pod are placed in non-decreasing (GPU,
 // profile, placement) order. exact is false when the budget ran out.
 func Optimal(c *Cluster, demands []Demand) (best int, exact bool) {
+	return optimum(c, demands, false, OptimalBudget)
+}
+
+// PlacesAll reports whether some assignment places every demand together on an empty
+// one-node cluster: the search of Optimal without its skip branch, stopped at the first
+// complete assignment. exact is false when the budget ran out before an answer.
+func PlacesAll(c *Cluster, demands []Demand, budget int) (ok, exact bool) {
+	best, exact := optimum(c, demands, true, budget)
+	return best == len(demands), exact || best == len(demands)
+}
+
+func optimum(c *Cluster, demands []Demand, placeAll bool, budget int) (best int, exact bool) {
 	if len(c.Nodes) != 1 {
 		panic("Optimal takes a one-node cluster")
 	}
@@ -79,12 +91,12 @@ func Optimal(c *Cluster, demands []Demand) (best int, exact bool) {
 	var placeDevices func(i, placed, dev, from int)
 	search = func(i, placed int) {
 		nodes++
-		if nodes > OptimalBudget {
+		if nodes > budget {
 			exact = false
 			return
 		}
 		best = max(best, placed)
-		if i == len(demands) || placed+len(demands)-i <= best {
+		if i == len(demands) || placed+len(demands)-i <= best || (placeAll && placed < i) {
 			return
 		}
 		free, fit := capacity-usedSlots(), 0
@@ -95,7 +107,7 @@ func Optimal(c *Cluster, demands []Demand) (best int, exact bool) {
 			free -= s
 			fit++
 		}
-		if placed+fit <= best {
+		if placed+fit <= best || (placeAll && placed+fit < len(demands)) {
 			return
 		}
 		k := key(i)
@@ -104,7 +116,9 @@ func Optimal(c *Cluster, demands []Demand) (best int, exact bool) {
 		}
 		seen[k] = placed
 		placeDevices(i, placed, 0, 0)
-		search(i+1, placed)
+		if !placeAll {
+			search(i+1, placed)
+		}
 	}
 	// placeDevices places device dev of pod i at choices numbered from 'from' on.
 	placeDevices = func(i, placed, dev, from int) {
@@ -112,6 +126,9 @@ func Optimal(c *Cluster, demands []Demand) (best int, exact bool) {
 		if dev == d.Devices {
 			search(i+1, placed+1)
 			return
+		}
+		if placeAll && best == len(demands) {
+			return // found: stop searching
 		}
 		mem := c.memory(d)
 		choice := 0
@@ -138,28 +155,50 @@ func Optimal(c *Cluster, demands []Demand) (best int, exact bool) {
 	return best, exact
 }
 
-// FillResult is one static fill: pods placed in order into an empty cluster.
+// FillResult is one static fill: a window of trace pods that an optimal assignment places
+// entirely, placed in order by each policy into an empty node.
 type FillResult struct {
-	// Window is the first pod's index in the trace; Size the window's pods.
+	// Window is the first trace pod's index; Size the window's pods (= the optimum).
 	Window, Size int
-	// Prefix is, per policy, the pods placed before the first refusal; Skipping the pods
-	// placed when refused ones are skipped and the rest still tried.
-	Prefix, Skipping map[string]int
-	Optimal          int
-	Exact            bool
+	// Placed is, per policy, the window's pods placed (refused ones skipped).
+	Placed map[string]int
 }
 
-// StaticFill places demands in order on an empty one-node cluster with every policy and
-// computes the optimum of the same multiset.
-func StaticFill(c *Cluster, policies []Policy, demands []Demand, check bool) (FillResult, error) {
-	r := FillResult{Size: len(demands), Prefix: map[string]int{}, Skipping: map[string]int{}}
+// FillBudget bounds each PlacesAll search of a window; a search past it counts as "does
+// not fit", so a window only ever holds a multiset proven to fit.
+const FillBudget = 2_000_000
+
+// FillWindow builds a static-fill window from the trace pods from start on: each pod joins
+// the window if the window with it still fits the empty node entirely (PlacesAll), and is
+// passed over otherwise; it ends at maxPods pods, after maxMisses pods passed over in a
+// row (the node is full for what follows), or at the trace's end. The optimum of the
+// window is therefore all of it, exactly.
+func FillWindow(c *Cluster, pods []Pod, start, maxPods, maxMisses int) []Demand {
+	var window []Demand
+	misses := 0
+	for i := start; i < len(pods) && len(window) < maxPods && misses < maxMisses; i++ {
+		d := c.Demand(pods[i])
+		if c.ProfileSlots(d) == 0 || d.Devices > c.GPUs() {
+			continue // fits no empty node: not a packing question
+		}
+		if ok, _ := PlacesAll(c, append(window, d), FillBudget); ok {
+			window = append(window, d)
+			misses = 0
+		} else {
+			misses++
+		}
+	}
+	return window
+}
+
+// StaticFill places the window in order on an empty one-node cluster with every policy.
+func StaticFill(c *Cluster, policies []Policy, window []Demand, check bool) (FillResult, error) {
+	r := FillResult{Size: len(window), Placed: map[string]int{}}
 	for _, p := range policies {
 		st := NewState(c)
-		refused := false
-		for _, d := range demands {
+		for _, d := range window {
 			as := p.Place(st, d)
 			if as == nil {
-				refused = true
 				continue
 			}
 			st.Apply(as)
@@ -168,16 +207,7 @@ func StaticFill(c *Cluster, policies []Policy, demands []Demand, check bool) (Fi
 					return r, fmt.Errorf("static fill, %s: %w", p.Name(), err)
 				}
 			}
-			r.Skipping[p.Name()]++
-			if !refused {
-				r.Prefix[p.Name()]++
-			}
-		}
-	}
-	r.Optimal, r.Exact = Optimal(c, demands)
-	for _, p := range policies {
-		if r.Skipping[p.Name()] > r.Optimal && r.Exact {
-			return r, fmt.Errorf("%s placed %d pods, more than the optimum %d", p.Name(), r.Skipping[p.Name()], r.Optimal)
+			r.Placed[p.Name()]++
 		}
 	}
 	return r, nil

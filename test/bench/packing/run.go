@@ -62,6 +62,9 @@ type FillSummary struct {
 	Results           []FillResult
 }
 
+// fillMisses ends a static-fill window after this many trace pods in a row did not fit.
+const fillMisses = 8
+
 // Run runs every experiment.
 func Run(cfg Config) (*Report, error) {
 	progress := cfg.Progress
@@ -132,15 +135,12 @@ func Run(cfg Config) (*Report, error) {
 					if cfg.FillWindows == 1 {
 						start = 0
 					}
-					if start < 0 || start+cfg.FillPods > len(pods) {
+					if start < 0 || start >= len(pods) {
 						break
 					}
-					demands := make([]Demand, cfg.FillPods)
-					for i := range demands {
-						demands[i] = c.Demand(pods[start+i])
-					}
-					progress(fmt.Sprintf("static fill %s on %s, window at %d", t.Label, sum.Cluster, start))
-					r, err := StaticFill(c, policies, demands, cfg.Check)
+					window := FillWindow(c, pods, start, cfg.FillPods, fillMisses)
+					progress(fmt.Sprintf("static fill %s on %s, window at %d (%d pods)", t.Label, sum.Cluster, start, len(window)))
+					r, err := StaticFill(c, policies, window, cfg.Check)
 					if err != nil {
 						return nil, err
 					}

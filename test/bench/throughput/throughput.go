@@ -10,6 +10,7 @@
 package throughput
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -17,6 +18,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"sort"
@@ -87,9 +90,10 @@ type Config struct {
 	Timeout time.Duration
 	// CreateWorkers is how many goroutines create a scenario's pods (default 8).
 	CreateWorkers int
-	// CPUProfile, if set, is where the CPU profile of the whole process during scenario (b)
-	// at the largest node count and the last QPS is written.
-	CPUProfile string
+	// CPUProfile, if set, is where the CPU profile of the whole process during scenario
+	// ProfileScenario (default "b") at the largest node count and the last QPS is written.
+	CPUProfile      string
+	ProfileScenario string
 	// Log receives the API server's and etcd's logs; nil discards them.
 	Log io.Writer
 	// Progress, if set, is told what runs.
@@ -209,7 +213,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		for qi, q := range cfg.QPS {
 			for _, sc := range Scenarios {
 				seq++
-				profile := cfg.CPUProfile != "" && sc.GPU && ni == len(nodes)-1 && qi == len(cfg.QPS)-1
+				profile := cfg.CPUProfile != "" && sc.Key == cmp.Or(cfg.ProfileScenario, "b") && ni == len(nodes)-1 && qi == len(cfg.QPS)-1
 				cfg.progress("nodes %d, qps %s, (%s) %s", n, q, sc.Key, sc.Name)
 				res, err := runScenario(ctx, cp, admin, dp, configs[fmt.Sprintf("%d/%s", sc.Profile, q)], seq, n, q, sc, cfg, profile)
 				if err != nil {
@@ -393,11 +397,36 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 	stopStandIn()
 	res.StandInWrites = standIn.writes.Load()
 
-	// Remove the pods, so the next scenario's nodes are as empty as this one's were.
-	if err := admin.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{}); err != nil {
-		return nil, fmt.Errorf("deleting pods: %w", err)
+	if err := clearScenario(ctx, cp, admin, ns); err != nil {
+		return nil, err
 	}
 	return res, nil
+}
+
+// clearScenario removes a scenario's pods and events, waits until they are gone, compacts
+// etcd and collects the garbage: the next scenario starts with nodes as empty as this one's
+// were and without this one's history in the process's heap (which would otherwise slow
+// every later scenario through the garbage collector).
+func clearScenario(ctx context.Context, cp *cluster.ControlPlane, admin kubernetes.Interface, ns string) error {
+	del := metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}
+	if err := admin.CoreV1().Pods(ns).DeleteCollection(ctx, del, metav1.ListOptions{}); err != nil {
+		return fmt.Errorf("deleting pods: %w", err)
+	}
+	if err := admin.CoreV1().Events(ns).DeleteCollection(ctx, del, metav1.ListOptions{}); err != nil {
+		return fmt.Errorf("deleting events: %w", err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := admin.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{Limit: 1})
+		return err == nil && len(pods.Items) == 0, nil
+	}); err != nil {
+		return fmt.Errorf("waiting for the pods to go: %w", err)
+	}
+	if err := cp.Compact(ctx); err != nil {
+		return err
+	}
+	runtime.GC()
+	debug.FreeOSMemory()
+	return nil
 }
 
 func percentile(sorted []time.Duration, q float64) time.Duration {
@@ -492,7 +521,8 @@ func vmHWM() int64 {
 // module, so its parser is not used here.
 func profileTop(path string) string {
 	var b strings.Builder
-	for _, args := range [][]string{{"-top"}, {"-top", "-cum"}} {
+	// The last listing keeps only the samples with a DynamicMIG frame: the plugin's cost.
+	for _, args := range [][]string{{"-top"}, {"-top", "-cum"}, {"-top", "-cum", "-focus=plugins/dynamicmig"}} {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		cmd := append([]string{"tool", "pprof"}, args...)
 		cmd = append(cmd, "-nodecount=30", path)

@@ -27,7 +27,8 @@ func main() {
 	pods := flag.Int("pods", 1000, "pods per scenario (the issue's full size: 5000)")
 	qps := flag.String("qps", "50/100,5000/5000", "comma-separated scheduler client qps/burst settings")
 	schedConfig := flag.String("scheduler-config", "manifests/scheduler-config.yaml", "the shipped KubeSchedulerConfiguration")
-	profile := flag.String("cpuprofile", "throughput-cpu.pprof", "CPU profile of scenario (b) at the largest size, in -out; empty for none")
+	profile := flag.String("cpuprofile", "throughput-cpu.pprof", "CPU profile of one scenario at the largest size, in -out; empty for none")
+	profileScenario := flag.String("profile-scenario", "b", "the scenario -cpuprofile records: a, b or c")
 	timeout := flag.Duration("timeout", 90*time.Second, "per scenario, from its first create: pods not bound by then are reported as such")
 	logPath := flag.String("log", "", "file for the control plane's and scheduler's logs (default: a temporary file, removed on success)")
 	flag.Parse()
@@ -58,6 +59,7 @@ func main() {
 	}
 	if *profile != "" {
 		cfg.CPUProfile = filepath.Join(*out, *profile)
+		cfg.ProfileScenario = *profileScenario
 	}
 
 	// The API server and the scheduler log a lot through klog: into a file.
