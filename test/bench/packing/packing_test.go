@@ -144,12 +144,24 @@ func TestParseTraceNamesLine(t *testing.T) {
 // placement that each policy's reservations are legal and disjoint.
 func TestSmoke(t *testing.T) {
 	rep, err := Run(Config{TraceDir: "../../../../shared/data/traces", GPUs: 10, Loads: []float64{0.5, 2}, MaxPods: 300,
-		SyntheticPods: 200, FillGPUs: 2, FillPods: 10, FillWindows: 2, Check: true})
+		SyntheticPods: 200, NoiseReplays: 2, FillGPUs: 8, FillPods: 10, FillWindows: 2, Check: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Panels) != 8 || len(rep.Fill) != 4 {
-		t.Fatalf("%d panels, %d fills", len(rep.Panels), len(rep.Fill))
+	if len(rep.Panels) != 8 || len(rep.Fill) != 4 || len(rep.Noise) != 2 {
+		t.Fatalf("%d panels, %d fills, %d noise panels", len(rep.Panels), len(rep.Fill), len(rep.Noise))
+	}
+	for _, f := range rep.Fill {
+		for _, x := range f.Results {
+			if x.Size == 0 {
+				t.Errorf("%s on %s: an empty static-fill window at %d", f.Workload, f.Cluster, x.Window)
+			}
+			for name, placed := range x.Placed {
+				if placed > x.Size {
+					t.Errorf("%s placed %d of a %d-pod window", name, placed, x.Size)
+				}
+			}
+		}
 	}
 	for _, p := range rep.Panels {
 		for _, o := range p.Outcomes {

@@ -180,3 +180,66 @@ func profileHolds(c *Cluster, name string, mem int) bool {
 	}
 	return false
 }
+
+// ReplayCapacity replays the jobs against a relaxation of the cluster, as a reference for
+// the policies: a pod is accepted whenever the cluster's free slots, pooled over every GPU
+// and node, cover its devices × the slots of the smallest profile that holds it (no
+// placement rules, no GPU or node boundaries, no instance limits). Pods no profile holds
+// are refused. It is not a strict upper bound on every policy (refusing a large pod can
+// let more small ones in later), but it shows how much of a load's refusals capacity
+// alone explains.
+func ReplayCapacity(c *Cluster, jobs []Job, load float64) Outcome {
+	type event struct {
+		t     float64
+		slots int
+	}
+	order := make([]int, len(jobs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(jobs[a].Arrive, jobs[b].Arrive) })
+	out := Outcome{Policy: "capacity-only", Load: load}
+	free := c.Capacity()
+	var pending []event
+	for _, i := range order {
+		j := jobs[i]
+		for len(pending) > 0 && pending[0].t <= j.Arrive {
+			free += pending[0].slots
+			pending = pending[1:]
+		}
+		out.Arrived++
+		need := c.ProfileSlots(j.Demand) * j.Demand.Devices
+		if c.ProfileSlots(j.Demand) == 0 || need > free {
+			continue
+		}
+		free -= need
+		out.Placed++
+		d := event{j.Depart, need}
+		k, _ := slices.BinarySearchFunc(pending, d, func(a, b event) int { return cmp.Compare(a.t, b.t) })
+		pending = slices.Insert(pending, k, d)
+	}
+	return out
+}
+
+// JitterJobs delays each arrival (and its departure: durations stay) by a uniform random
+// fraction of the mean interarrival time, with a fixed seed: the same workload at the same
+// load, with ties and near-ties in the trace's arrivals ordered differently. Replays of
+// jittered copies show how much a policy's acceptance moves for reasons that have nothing
+// to do with the policy.
+func JitterJobs(jobs []Job, seed uint64) []Job {
+	if len(jobs) < 2 {
+		return jobs
+	}
+	first, last := math.Inf(1), math.Inf(-1)
+	for _, j := range jobs {
+		first, last = min(first, j.Arrive), max(last, j.Arrive)
+	}
+	gap := (last - first) / float64(len(jobs))
+	rng := rand.New(rand.NewPCG(seed, 0x2545f4914f6cdd1d))
+	out := make([]Job, len(jobs))
+	for i, j := range jobs {
+		d := rng.Float64() * gap
+		out[i] = Job{Demand: j.Demand, Arrive: j.Arrive + d, Depart: j.Depart + d}
+	}
+	return out
+}

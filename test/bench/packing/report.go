@@ -3,6 +3,8 @@ package packing
 import (
 	"fmt"
 	"io"
+	"math"
+	"slices"
 	"strings"
 )
 
@@ -29,6 +31,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 - Offered load L: arrival times are divided by a factor so that Σ(slots × duration) / arrival span = L × the cluster's slots (a pod's slots: devices × slots of the smallest profile that holds it); durations are kept. Events by time, departures first at equal times; a refused pod is dropped, not queued.
 - Acceptance = placed / arrived. Utilisation = time-averaged share of slots in use between the first and the last arrival. Fragmentation refusals = refused pods for which some node had, per GPU in whole units of the smallest fitting profile's slots, room for every device.
 - Policies: **dynamig** — placement.Fit on every node with the shipped options (MIG binpack, fragmentation-aware), node score 1000 × GPU utilisation after placement − 10 × fragmentation cost (the plugin's GPU term; no host term), highest wins, ties to the lowest node. **dynamig-no-frag** — the same, fragmentation cost off. **hami-v2.10** — HAMi v2.10's MIG placement with its defaults (node binpack by HAMi's node score before the pod, ties to the lowest node index where HAMi is effectively random; GPU spread, ties to the highest index; a pod's devices on one GPU until it is full; profiles by memory then slices, larger ones on the same GPU before the next GPU; placements descending for 1g/3g, ascending otherwise; only instances < Count), written in the benchmark. A whole-device pod asks it for the full-GPU profile's memory explicitly: with HAMi's own default (100%% of the card's memory) it would fit no MIG GPU at all. **first-fit** — first GPU in order that fits, smallest profile, lowest free start.
+- **capacity-only** (a reference, not a policy): the same replay against the cluster's slots pooled over every GPU and node — a pod is accepted whenever the free slots cover its devices × the slots of the smallest profile that holds it, with no placement rules, GPU or node boundaries or instance limits. No placement policy removes a refusal this relaxation also makes for want of capacity; its ratio to hami-v2.10 shows how much any placement could gain at a load (not a strict bound: refusing a large pod can let more small ones in later).
 - Synthetic churn: one-device pods, profile drawn from the allowlist with weight 1/slots, asking for its memory; Poisson arrivals, exponential lifetimes (mean 1), %d pods per load, fixed seeds.
 
 `, cfg.GPUs, cfg.SyntheticPods)
@@ -36,8 +39,8 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 	for i := range r.Panels {
 		p := &r.Panels[i]
 		fmt.Fprintf(w, "### %s on %d × %s (%d pods)\n\n", p.Workload, p.GPUs, p.Cluster, p.Pods)
-		fmt.Fprintf(w, "| load | %s | dynamig − %s |\n", strings.Join(r.Policies, " | "), strings.Join(r.Policies[1:], " | dynamig − "))
-		fmt.Fprintf(w, "|---:|%s%s\n", strings.Repeat("---:|", len(r.Policies)), strings.Repeat("---:|", len(r.Policies)-1))
+		fmt.Fprintf(w, "| load | %s | dynamig − %s | dynamig ÷ hami-v2.10 | capacity-only (reference) | capacity-only ÷ hami-v2.10 |\n", strings.Join(r.Policies, " | "), strings.Join(r.Policies[1:], " | dynamig − "))
+		fmt.Fprintf(w, "|---:|%s%s---:|---:|---:|\n", strings.Repeat("---:|", len(r.Policies)), strings.Repeat("---:|", len(r.Policies)-1))
 		for li, load := range cfg.Loads {
 			fmt.Fprintf(w, "| %.2f |", load)
 			base := r.outcome(p, li, 0).Acceptance()
@@ -47,7 +50,9 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 			for pi := 1; pi < len(r.Policies); pi++ {
 				fmt.Fprintf(w, " %+.4f |", base-r.outcome(p, li, pi).Acceptance())
 			}
-			fmt.Fprintln(w)
+			hami := r.outcome(p, li, slices.Index(r.Policies, "hami-v2.10")).Acceptance()
+			capacity := p.Capacity[li].Acceptance()
+			fmt.Fprintf(w, " %.3f | %.4f | %.3f |\n", base/hami, capacity, capacity/hami)
 		}
 		fmt.Fprintf(w, "\nUtilisation (time-averaged slot share) and fragmentation refusals:\n\n")
 		fmt.Fprintf(w, "| load | %s |\n", strings.Join(r.Policies, " | "))
@@ -61,6 +66,36 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 			fmt.Fprintln(w)
 		}
 		fmt.Fprintln(w)
+	}
+	if len(r.Noise) > 0 {
+		fmt.Fprintf(w, "## Replay noise\n\n")
+		fmt.Fprintf(w, "The same traces and loads, each replayed %d times with every arrival (and its departure) delayed by a uniform random fraction of the mean interarrival time (fixed seeds): "+
+			"mean ± standard deviation of the acceptance ratio over the replays. A difference between two policies smaller than these deviations is not a property of the policies.\n\n", r.Config.NoiseReplays)
+		for _, np := range r.Noise {
+			fmt.Fprintf(w, "### %s on %s\n\n", np.Workload, np.Cluster)
+			fmt.Fprintf(w, "| load | %s | dynamig − hami-v2.10 | dynamig − best other |\n|---:|%s---:|---:|\n", strings.Join(r.Policies, " | "), strings.Repeat("---:|", len(r.Policies)))
+			hami := slices.Index(r.Policies, "hami-v2.10")
+			for li, load := range r.Config.Loads {
+				fmt.Fprintf(w, "| %.2f |", load)
+				for pi := range r.Policies {
+					m, sd := meanSD(np.Acceptance[li][pi])
+					fmt.Fprintf(w, " %.4f ± %.4f |", m, sd)
+				}
+				var vsHAMi, vsBest []float64
+				for k, a := range np.Acceptance[li][0] {
+					vsHAMi = append(vsHAMi, a-np.Acceptance[li][hami][k])
+					best := 0.0
+					for pi := 1; pi < len(r.Policies); pi++ {
+						best = max(best, np.Acceptance[li][pi][k])
+					}
+					vsBest = append(vsBest, a-best)
+				}
+				m1, sd1 := meanSD(vsHAMi)
+				m2, sd2 := meanSD(vsBest)
+				fmt.Fprintf(w, " %+.4f ± %.4f | %+.4f ± %.4f |\n", m1, sd1, m2, sd2)
+			}
+			fmt.Fprintln(w)
+		}
 	}
 	if len(r.Fill) > 0 {
 		fmt.Fprintf(w, "## Static fill vs optimal\n\n")
@@ -144,4 +179,21 @@ func (r *Report) WriteSVG(w io.Writer) {
 		}
 	}
 	fmt.Fprintln(w, "</svg>")
+}
+
+func meanSD(xs []float64) (mean, sd float64) {
+	if len(xs) == 0 {
+		return 0, 0
+	}
+	for _, x := range xs {
+		mean += x
+	}
+	mean /= float64(len(xs))
+	for _, x := range xs {
+		sd += (x - mean) * (x - mean)
+	}
+	if len(xs) > 1 {
+		sd = math.Sqrt(sd / float64(len(xs)-1))
+	}
+	return mean, sd
 }

@@ -16,6 +16,9 @@ type Config struct {
 	MaxPods int
 	// SyntheticPods per load of the synthetic churn.
 	SyntheticPods int
+	// NoiseReplays is the number of jittered replays (JitterJobs) of each trace on
+	// A100-40GB per load and policy; 0 for none.
+	NoiseReplays int
 	// FillGPUs, FillPods, FillWindows size the static fill (one node).
 	FillGPUs, FillPods, FillWindows int
 	// Check verifies the state after every placement (slow; tests).
@@ -46,6 +49,8 @@ type Panel struct {
 	GPUs     int
 	Pods     int
 	Outcomes []Outcome // per load, per policy in Policies() order
+	// Capacity is ReplayCapacity per load: the reference.
+	Capacity []Outcome
 }
 
 // Report is everything a run measured.
@@ -54,6 +59,13 @@ type Report struct {
 	Policies []string
 	Panels   []Panel
 	Fill     []FillSummary
+	Noise    []NoisePanel
+}
+
+// NoisePanel is a trace's jittered replays: Acceptance[load][policy][replay].
+type NoisePanel struct {
+	Workload, Cluster string
+	Acceptance        [][][]float64
 }
 
 // FillSummary is the static fill of one trace on one small cluster.
@@ -109,6 +121,7 @@ func Run(cfg Config) (*Report, error) {
 					jobs = TraceJobs(c, traces[w], load)
 				}
 				panel.Pods = len(jobs)
+				panel.Capacity = append(panel.Capacity, ReplayCapacity(c, jobs, load))
 				for _, p := range policies {
 					progress(fmt.Sprintf("%s on %d × %s, load %.2f, %s", w, c.GPUs(), c.Label(), load, p.Name()))
 					o, err := Replay(c, p, jobs, load, cfg.Check)
@@ -119,6 +132,32 @@ func Run(cfg Config) (*Report, error) {
 				}
 			}
 			rep.Panels = append(rep.Panels, panel)
+		}
+	}
+	if cfg.NoiseReplays > 0 {
+		c, err := NewCluster("A100-40GB", cfg.GPUs, false)
+		if err != nil {
+			return nil, err
+		}
+		for _, t := range Traces {
+			np := NoisePanel{Workload: t.Label, Cluster: fmt.Sprintf("%d × %s", c.GPUs(), c.Label())}
+			for _, load := range cfg.Loads {
+				jobs := TraceJobs(c, traces[t.Label], load)
+				perPolicy := make([][]float64, len(policies))
+				for k := range cfg.NoiseReplays {
+					jittered := JitterJobs(jobs, uint64(k+1))
+					progress(fmt.Sprintf("jittered replay %d of %s on %s, load %.2f", k+1, t.Label, np.Cluster, load))
+					for pi, p := range policies {
+						o, err := Replay(c, p, jittered, load, cfg.Check)
+						if err != nil {
+							return nil, err
+						}
+						perPolicy[pi] = append(perPolicy[pi], o.Acceptance())
+					}
+				}
+				np.Acceptance = append(np.Acceptance, perPolicy)
+			}
+			rep.Noise = append(rep.Noise, np)
 		}
 	}
 	if cfg.FillWindows > 0 && cfg.FillPods > 0 {

@@ -23,12 +23,13 @@ func main() {
 	fillGPUs := flag.Int("fill-gpus", 8, "GPUs of the static fill's node")
 	fillPods := flag.Int("fill-pods", 64, "most pods per static-fill window")
 	fillWindows := flag.Int("fill-windows", 16, "static-fill windows per trace")
+	noise := flag.Int("noise-replays", 5, "jittered replays of each trace on A100-40GB per load, for the noise section")
 	synthetic := flag.Int("synthetic-pods", 6000, "pods per load of the synthetic churn")
 	flag.Parse()
 	start := time.Now()
 	cfg := packing.Config{
 		TraceDir: *traces, GPUs: *gpus, Loads: []float64{0.25, 0.5, 0.75, 1, 1.5, 2},
-		SyntheticPods: *synthetic, FillGPUs: *fillGPUs, FillPods: *fillPods, FillWindows: *fillWindows,
+		SyntheticPods: *synthetic, NoiseReplays: *noise, FillGPUs: *fillGPUs, FillPods: *fillPods, FillWindows: *fillWindows,
 		Progress: func(s string) { fmt.Fprintf(os.Stderr, "%6.1fs %s\n", time.Since(start).Seconds(), s) },
 	}
 	rep, err := packing.Run(cfg)
