@@ -16,6 +16,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/kubernetes/pkg/features"
 	"os"
 	"os/exec"
 	"runtime"
@@ -62,17 +64,21 @@ var (
 
 // Scenario is one of the measured workloads.
 type Scenario struct {
-	Key     string // "a", "b", "c"
+	Key     string // "a", "b", "c", "d"
 	Name    string
 	Profile Profile
 	GPU     bool
+	// NoBatching runs the scheduler with the OpportunisticBatching feature off.
+	NoBatching bool
 }
 
-// Scenarios are (a), (b) and (c), in the order they run.
+// Scenarios are (a), (b), (c) and the reference (d), in their default order: (b) last,
+// since whatever runs after it runs slower (its history in the process's heap).
 var Scenarios = []Scenario{
 	{Key: "a", Name: "default plugins, CPU pods", Profile: DefaultPlugins},
-	{Key: "b", Name: "DynamicMIG, GPU pods", Profile: WithDynamicMIG, GPU: true},
 	{Key: "c", Name: "DynamicMIG, CPU pods", Profile: WithDynamicMIG},
+	{Key: "d", Name: "default plugins, CPU pods, batching off", Profile: DefaultPlugins, NoBatching: true},
+	{Key: "b", Name: "DynamicMIG, GPU pods", Profile: WithDynamicMIG, GPU: true},
 }
 
 // Config is one benchmark run.
@@ -81,6 +87,9 @@ type Config struct {
 	SchedulerConfig string
 	// Nodes are the node counts, run in increasing order (nodes are added, never removed).
 	Nodes []int
+	// Order is the scenario keys in the order they run at each size and QPS (default
+	// a, b, c); scenarios not named are not run.
+	Order []string
 	// Pods is the number of pods of each scenario.
 	Pods int
 	// QPS are the scheduler client rate limits to run each scenario with.
@@ -211,7 +220,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		have = n
 		rep.NodeSetup[n] = time.Since(t0)
 		for qi, q := range cfg.QPS {
-			for _, sc := range Scenarios {
+			for _, sc := range cfg.scenarios() {
 				seq++
 				profile := cfg.CPUProfile != "" && sc.Key == cmp.Or(cfg.ProfileScenario, "b") && ni == len(nodes)-1 && qi == len(cfg.QPS)-1
 				cfg.progress("nodes %d, qps %s, (%s) %s", n, q, sc.Key, sc.Name)
@@ -280,6 +289,14 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 		factory.Shutdown()
 	}()
 
+	// GPU pods are never batched (DynamicMIG's SignPod refuses them); (d) shows what the
+	// default plugins cost without batching either.
+	if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(map[string]bool{string(features.OpportunisticBatching): !sc.NoBatching}); err != nil {
+		return nil, err
+	}
+	defer func() {
+		_ = utilfeature.DefaultMutableFeatureGate.SetFromMap(map[string]bool{string(features.OpportunisticBatching): true})
+	}()
 	stopSched, err := cluster.StartScheduler(ctx, cp, schedConfig)
 	if err != nil {
 		return nil, err
@@ -549,4 +566,20 @@ func RedirectKlog(w io.Writer) {
 	// at init: logging that much would be a large part of what is measured.
 	_ = fs.Set("v", "0")
 	klog.SetOutput(w)
+}
+
+// scenarios are the scenarios to run, in cfg.Order.
+func (cfg Config) scenarios() []Scenario {
+	if len(cfg.Order) == 0 {
+		return Scenarios
+	}
+	var out []Scenario
+	for _, key := range cfg.Order {
+		for _, sc := range Scenarios {
+			if sc.Key == key {
+				out = append(out, sc)
+			}
+		}
+	}
+	return out
 }
