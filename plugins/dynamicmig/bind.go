@@ -43,17 +43,16 @@ func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	}
 	holder := holderIdentity(pod)
 	waitStart := time.Now()
-	// One bind per node at a time contends for the node's Lease: the others wait here, in
-	// the process, instead of racing for it with API writes that would conflict.
-	// The gate and the Lease share one deadline: the hand-off timeout.
-	waitCtx, cancelWait := context.WithTimeout(ctx, pl.args.HandoffTimeout.Duration)
-	defer cancelWait()
-	release, err := pl.nodeGates.acquire(waitCtx, nodeName)
+	// One bind per node at a time contends for the node's Lease: the others queue here, in
+	// the process, instead of racing for it with API writes that would conflict. Each bind
+	// bounds its own wait for the Lease, so the queue always moves; its wait is not bounded
+	// here, since it includes the client's rate limiting of the binds ahead of it.
+	release, err := pl.nodeGates.acquire(ctx, nodeName)
 	if err != nil {
-		return fwk.AsStatus(fmt.Errorf("timed out after %s waiting for other pods' hand-offs on node %s: %w", pl.args.HandoffTimeout.Duration, nodeName, err))
+		return fwk.AsStatus(fmt.Errorf("stopped waiting for other pods' hand-offs on node %s: %w", nodeName, err))
 	}
 	defer release()
-	if err := pl.takeHandoff(waitCtx, pod, nodeName, holder, digest); err != nil {
+	if err := pl.takeHandoff(ctx, pod, nodeName, holder, digest, time.Now().Add(pl.args.HandoffTimeout.Duration)); err != nil {
 		return fwk.AsStatus(err)
 	}
 	observeHandoffWait(waitStart)
@@ -117,7 +116,7 @@ func holderIdentity(pod *v1.Pod) string {
 // fully realised, or still unbound after the Lease expired (a scheduler died between
 // Lease and Binding). The Lease and its holder are read from the informers, so a hand-off
 // costs one write and no read; a stale cache only costs a refused write and another look.
-func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, holder, digest string) error {
+func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, holder, digest string, deadline time.Time) error {
 	leases := pl.client.CoordinationV1().Leases(pl.args.LeaseNamespace)
 	name := api.HandoffLeaseName(nodeName)
 	wait := 20 * time.Millisecond
@@ -152,13 +151,17 @@ func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, ho
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
 			klog.FromContext(ctx).V(4).Info("Waiting for the hand-off Lease", "pod", klog.KObj(pod), "lease", name, "reason", err)
 		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("timed out after %s waiting for hand-off Lease %s/%s: %v", pl.args.HandoffTimeout.Duration, pl.args.LeaseNamespace, name, err)
+		}
 		// Any Lease event may be the release: look again then, or after a backoff that
 		// covers a missed event (a holder that ends without touching the Lease).
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("timed out after %s waiting for hand-off Lease %s/%s: %v", pl.args.HandoffTimeout.Duration, pl.args.LeaseNamespace, name, err)
+			return fmt.Errorf("stopped waiting for hand-off Lease %s/%s: %v", pl.args.LeaseNamespace, name, err)
 		case <-changed:
-		case <-time.After(wait):
+		case <-time.After(min(wait, left)):
 			wait = min(2*wait, time.Second)
 		}
 	}
@@ -176,15 +179,23 @@ func (pl *DynamicMIG) fillHandoff(lease *coordinationv1.Lease, holder, digest st
 }
 
 // holderBlocks says why the current holder keeps the Lease, or "" when it may be taken over.
-// A holder the pod informer shows still being realised blocks without an API read; a
-// take-over is only decided on a direct read, since the informer may lag.
+// The pod informer decides when it shows the holder's pod bound (a realised, failed,
+// ending or terminal pod never goes back); a pod it does not show, shows under another
+// UID, or shows unbound after the Lease expired, is read from the API server, since the
+// informer may lag.
 func (pl *DynamicMIG) holderBlocks(ctx context.Context, lease *coordinationv1.Lease, holder string) string {
 	parts := strings.SplitN(holder, "/", 3)
 	if len(parts) != 3 {
 		return "" // not a holder this project writes: take it
 	}
-	if p, err := pl.pods.Pods(parts[0]).Get(parts[1]); err == nil && holderKeeps(p, parts[2], lease) {
-		return blockedBy(p)
+	if p, err := pl.pods.Pods(parts[0]).Get(parts[1]); err == nil && string(p.UID) == parts[2] {
+		if holderKeeps(p, parts[2], lease) {
+			return blockedBy(p)
+		}
+		if p.Spec.NodeName != "" {
+			return "" // realised, failed or ending: for good
+		}
+		// Unbound after its Lease expired: confirm, the informer may not show the Binding yet.
 	}
 	p, err := pl.client.CoreV1().Pods(parts[0]).Get(ctx, parts[1], metav1.GetOptions{})
 	switch {

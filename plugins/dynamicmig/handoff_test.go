@@ -1,6 +1,7 @@
 package dynamicmig
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -186,5 +187,60 @@ func TestFitCacheFollowsNodeInfoGeneration(t *testing.T) {
 	}
 	if other := filter(gpuPod("big", api.ModeMIG, [2]int{1, 9000}), ni); other == next || other.result.Assignments[0].Profile != "2g.10gb" {
 		t.Errorf("another request got the cached fit %+v", other.result.Assignments)
+	}
+}
+
+// TestHandoffTimeoutCountsFromTheNodesTurn: a Bind waiting for a holder that is never
+// realised fails after handoffTimeout, naming the Lease; a Bind queued behind it on the
+// same node gets its own full timeout from its turn, not from its arrival.
+func TestHandoffTimeoutCountsFromTheNodesTurn(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	e := newEnv(t, &config.DynamicMIGArgs{HandoffAwareScoring: ptr.To(false), HandoffTimeout: &metav1.Duration{Duration: timeout}},
+		[]*v1.Node{gpuNode(t, "n1", api.ModeMIG, "A100-40GB")})
+	e.realise = false
+	holder := gpuPod("holder", api.ModeMIG, [2]int{1, 4000})
+	if bound, statuses := e.schedule(holder); bound == nil {
+		t.Fatalf("holder unschedulable: %s", reasons(statuses))
+	}
+	holder = e.pod("holder")
+	waitFor(t, func() bool {
+		p, err := e.pl.pods.Pods("default").Get("holder")
+		return err == nil && p.Spec.NodeName != ""
+	})
+	assumed := []*v1.Pod{holder}
+	type outcome struct {
+		err error
+		at  time.Time
+	}
+	results := make(chan outcome, 2)
+	start := time.Now()
+	for _, name := range []string{"second", "third"} {
+		p := gpuPod(name, api.ModeMIG, [2]int{1, 4000})
+		if _, err := e.client.CoreV1().Pods("default").Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		state, node, statuses := e.cycle(p, assumed...)
+		if node == "" {
+			t.Fatalf("%s unschedulable: %s", name, reasons(statuses))
+		}
+		a := p.DeepCopy()
+		a.Spec.NodeName = node
+		assumed = append(assumed, a)
+		go func() {
+			err := e.fw.RunBindPlugins(e.ctx, state, p, node).AsError()
+			results <- outcome{err, time.Now()}
+		}()
+	}
+	for range 2 {
+		r := <-results
+		if r.err == nil || !strings.Contains(r.err.Error(), "timed out after 400ms waiting for hand-off Lease dynamig-system/dynamig-handoff-n1") {
+			t.Errorf("bind error %v, want a hand-off timeout naming the Lease", r.err)
+		}
+		if d := r.at.Sub(start); d < timeout {
+			t.Errorf("a bind gave up after %v, before the timeout", d)
+		}
+	}
+	if d := time.Since(start); d < 2*timeout {
+		t.Errorf("both binds gave up within %v: the second must wait its own %v after the first", d, timeout)
 	}
 }

@@ -179,6 +179,9 @@ func start(ctx context.Context, tb ktesting.TB, ptb *processTB, opts Options) (_
 		"--audit-log-format=json",
 		"--audit-log-mode=blocking",
 		"--audit-log-maxbackup=0",
+		// No rotation (0 would mean lumberjack's 100 MB): AuditEvents reads this one file,
+		// and a benchmark's scenario writes more than 100 MB of it.
+		"--audit-log-maxsize=1000000",
 	}
 	flags = append(flags, opts.APIServerFlags...)
 	cp.server, err = kubeapiservertesting.StartTestServer(tb, kubeapiservertesting.NewDefaultTestServerOptions(), flags, storage)
