@@ -39,7 +39,6 @@ func ReleaseHandoff(ctx context.Context, client kubernetes.Interface, p *v1.Pod)
 			return nil // taken over already: nothing to release
 		}
 		l.Spec.HolderIdentity = nil
-		delete(l.Annotations, api.ReservationDigestAnnotation)
 		if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
 			return err
 		}
