@@ -238,12 +238,15 @@ const (
 	DefaultPlugins Profile = iota
 	// WithDynamicMIG is the shipped configuration.
 	WithDynamicMIG
+	// Extender is DefaultPlugins with the allocator behind an HTTP scheduler extender
+	// (HAMi's architecture; see extender).
+	Extender
 )
 
 // deriveConfig writes a copy of the KubeSchedulerConfiguration at src into dir, for
 // profile, with clientConnection qps and burst set, and returns its path (which
 // cluster.ControlPlane.SchedulerConfig then completes with the kubeconfig).
-func deriveConfig(src, dir string, profile Profile, qps float64, burst int) (string, error) {
+func deriveConfig(src, dir string, profile Profile, qps float64, burst int, extenderURL string) (string, error) {
 	raw, err := os.ReadFile(src)
 	if err != nil {
 		return "", err
@@ -258,7 +261,13 @@ func deriveConfig(src, dir string, profile Profile, qps float64, burst int) (str
 		doc["clientConnection"] = cc
 	}
 	cc["qps"], cc["burst"] = qps, burst
-	if profile == DefaultPlugins {
+	if profile == Extender {
+		doc["extenders"] = []any{map[string]any{
+			"urlPrefix": extenderURL, "filterVerb": "filter", "bindVerb": "bind", "nodeCacheCapable": true,
+			"httpTimeout": "5m", "managedResources": []any{map[string]any{"name": api.ResourceCount, "ignoredByScheduler": false}},
+		}}
+	}
+	if profile == DefaultPlugins || profile == Extender {
 		profiles, _ := doc["profiles"].([]any)
 		if len(profiles) == 0 {
 			return "", fmt.Errorf("%s: no profiles", src)
@@ -308,10 +317,7 @@ func deriveConfig(src, dir string, profile Profile, qps float64, burst int) (str
 	if err != nil {
 		return "", err
 	}
-	name := "dynamig"
-	if profile == DefaultPlugins {
-		name = "default"
-	}
+	name := map[Profile]string{DefaultPlugins: "default", WithDynamicMIG: "dynamig", Extender: "extender"}[profile]
 	p := filepath.Join(dir, fmt.Sprintf("scheduler-config-%s-qps%g.yaml", name, qps))
 	return p, os.WriteFile(p, out, 0o600)
 }

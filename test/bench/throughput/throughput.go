@@ -79,6 +79,7 @@ var Scenarios = []Scenario{
 	{Key: "c", Name: "DynamicMIG, CPU pods", Profile: WithDynamicMIG},
 	{Key: "d", Name: "default plugins, CPU pods, batching off", Profile: DefaultPlugins, NoBatching: true},
 	{Key: "b", Name: "DynamicMIG, GPU pods", Profile: WithDynamicMIG, GPU: true},
+	{Key: "e", Name: "default plugins + the allocator as an HTTP extender, GPU pods", Profile: Extender, GPU: true},
 }
 
 // Config is one benchmark run.
@@ -179,6 +180,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer cp.Stop()
+	// The extenders' informers stop before the API server does (defers run last first):
+	// their open watches would hold its shutdown for its whole grace period.
+	extCtx, stopExtenders := context.WithCancel(ctx)
+	defer stopExtenders()
 	rep.Setup = time.Since(start)
 	admin, err := cp.Client(cluster.UserAdmin)
 	if err != nil {
@@ -194,8 +199,26 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	configs := map[string]string{}
 	for _, q := range cfg.QPS {
-		for _, p := range []Profile{DefaultPlugins, WithDynamicMIG} {
-			derived, err := deriveConfig(cfg.SchedulerConfig, cp.Dir, p, q.QPS, q.Burst)
+		for _, p := range []Profile{DefaultPlugins, WithDynamicMIG, Extender} {
+			url := ""
+			if p == Extender {
+				if !slices.ContainsFunc(cfg.scenarios(), func(sc Scenario) bool { return sc.Profile == Extender }) {
+					continue
+				}
+				// One extender per QPS: its client is limited like the scheduler's.
+				ec := cp.UserConfig(cluster.UserScheduler)
+				ec.QPS, ec.Burst = float32(q.QPS), q.Burst
+				client, err := kubernetes.NewForConfig(ec)
+				if err != nil {
+					return nil, err
+				}
+				ext, err := startExtender(extCtx, client)
+				if err != nil {
+					return nil, fmt.Errorf("starting the extender: %w", err)
+				}
+				url = ext.URL()
+			}
+			derived, err := deriveConfig(cfg.SchedulerConfig, cp.Dir, p, q.QPS, q.Burst, url)
 			if err != nil {
 				return nil, err
 			}

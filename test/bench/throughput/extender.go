@@ -1,0 +1,337 @@
+package throughput
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/request"
+)
+
+// extender is DynamicMIG's allocator behind kube-scheduler's HTTP extender interface, the
+// way HAMi v2.10 deploys its scheduler: kube-scheduler (default plugins) calls filter with
+// the candidate node names and bind for the chosen node, over HTTP with JSON. filter fits
+// the pod on every candidate (placement.Fit over the node's inventory and the reservations
+// of its pods and of the pods it placed but has not seen bound), keeps the best node by the
+// plugin's GPU score (hand-off-busy nodes last) and remembers the fit; bind takes the node's
+// hand-off Lease and creates the Binding with the reservation, as the plugin's Bind does.
+// Its writes are made as the scheduler's user, so they count as the scheduler's. It is a
+// benchmark baseline, not a product: it has no preemption, no heartbeat check, no events.
+type extender struct {
+	client   kubernetes.Interface
+	nodes    corelisters.NodeLister
+	pods     cache.Indexer
+	names    config.ResourceNames
+	listener net.Listener
+	server   *http.Server
+
+	mu      sync.Mutex
+	pending map[types.UID]pendingFit
+	perNode map[string]int
+	decoded map[string][]api.GPU // inventory annotation → GPUs
+}
+
+type pendingFit struct {
+	node   string
+	result *placement.Result
+}
+
+const podsByNode = "spec.nodeName"
+
+// startExtender serves the extender on a free loopback port until ctx ends.
+func startExtender(ctx context.Context, client kubernetes.Interface) (*extender, error) {
+	factory := informers.NewSharedInformerFactory(client, 0)
+	podInformer := factory.Core().V1().Pods().Informer()
+	if err := podInformer.AddIndexers(cache.Indexers{podsByNode: func(obj any) ([]string, error) {
+		if p, ok := obj.(*v1.Pod); ok && p.Spec.NodeName != "" {
+			return []string{p.Spec.NodeName}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, err
+	}
+	e := &extender{client: client, nodes: factory.Core().V1().Nodes().Lister(), pods: podInformer.GetIndexer(),
+		pending: map[types.UID]pendingFit{}, perNode: map[string]int{}, decoded: map[string][]api.GPU{}}
+	defaults := &config.DynamicMIGArgs{}
+	defaults.SetDefaults()
+	e.names = defaults.ResourceNames
+	// A pod seen bound (or deleted) no longer needs its pending fit: its annotation speaks.
+	if _, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, obj any) {
+			if p, ok := obj.(*v1.Pod); ok && p.Spec.NodeName != "" {
+				e.forget(p.UID)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if p, ok := obj.(*v1.Pod); ok {
+				e.forget(p.UID)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/filter", e.handleFilter)
+	mux.HandleFunc("/bind", e.handleBind)
+	e.listener, e.server = l, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = e.server.Serve(l) }()
+	go func() {
+		<-ctx.Done()
+		_ = e.server.Close()
+	}()
+	return e, nil
+}
+
+// URL is the extender's urlPrefix.
+func (e *extender) URL() string { return "http://" + e.listener.Addr().String() }
+
+func (e *extender) forget(uid types.UID) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if f, ok := e.pending[uid]; ok {
+		delete(e.pending, uid)
+		if e.perNode[f.node]--; e.perNode[f.node] <= 0 {
+			delete(e.perNode, f.node)
+		}
+	}
+}
+
+func (e *extender) handleFilter(w http.ResponseWriter, r *http.Request) {
+	var args extenderv1.ExtenderArgs
+	var res extenderv1.ExtenderFilterResult
+	if err := json.NewDecoder(r.Body).Decode(&args); err != nil || args.Pod == nil || args.NodeNames == nil {
+		res.Error = fmt.Sprintf("bad filter arguments (%v)", err)
+	} else {
+		res = e.filter(args.Pod, *args.NodeNames)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(&res)
+}
+
+func (e *extender) filter(pod *v1.Pod, nodeNames []string) extenderv1.ExtenderFilterResult {
+	res := extenderv1.ExtenderFilterResult{FailedNodes: extenderv1.FailedNodesMap{}}
+	req, err := request.Parse(pod, e.names, api.PolicyBinpack)
+	if err != nil || req == nil {
+		res.Error = fmt.Sprintf("not a GPU request: %v", err)
+		return res
+	}
+	opts := placement.Options{MIGPolicy: api.PolicyBinpack, HAMiCorePolicy: api.PolicySpread, FragmentationAware: true}
+	best, bestScore := "", int64(math.MinInt64)
+	var bestResult *placement.Result
+	for _, name := range nodeNames {
+		gpus, err := e.nodeGPUs(name)
+		if err != nil {
+			res.FailedNodes[name] = err.Error()
+			continue
+		}
+		fit, refusal := placement.Fit(gpus, &req.Request, opts)
+		if refusal != nil {
+			res.FailedNodes[name] = string(refusal.Reason)
+			continue
+		}
+		score := int64(math.Round(1000*placement.NodeUtilisation(gpus, fit))) - int64(10*fit.Cost)
+		if e.busy(name) {
+			score -= 1200
+		}
+		if score > bestScore {
+			best, bestScore, bestResult = name, score, fit
+		}
+	}
+	if best == "" {
+		return res
+	}
+	e.mu.Lock()
+	if old, ok := e.pending[pod.UID]; ok {
+		e.perNode[old.node]--
+	}
+	e.pending[pod.UID] = pendingFit{node: best, result: bestResult}
+	e.perNode[best]++
+	e.mu.Unlock()
+	res.NodeNames = &[]string{best}
+	return res
+}
+
+// busy reports a hand-off in progress on the node: a fit not yet seen bound.
+func (e *extender) busy(node string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.perNode[node] > 0
+}
+
+// nodeGPUs is the node's inventory with the reservations of its bound pods and of the
+// pods this extender placed there and has not seen bound.
+func (e *extender) nodeGPUs(name string) ([]placement.GPU, error) {
+	node, err := e.nodes.Get(name)
+	if err != nil {
+		return nil, err
+	}
+	raw := node.Annotations[api.NodeInventoryAnnotation]
+	e.mu.Lock()
+	inv, ok := e.decoded[raw]
+	e.mu.Unlock()
+	if !ok {
+		if inv, err = api.DecodeInventory(raw); err != nil {
+			return nil, err
+		}
+		e.mu.Lock()
+		e.decoded[raw] = inv
+		e.mu.Unlock()
+	}
+	gpus := make([]placement.GPU, len(inv))
+	byUUID := make(map[string]int, len(inv))
+	for i := range inv {
+		gpus[i].Info = inv[i]
+		byUUID[inv[i].ID] = i
+	}
+	objs, err := e.pods.ByIndex(podsByNode, name)
+	if err != nil {
+		return nil, err
+	}
+	for _, obj := range objs {
+		p := obj.(*v1.Pod)
+		raw, ok := p.Annotations[api.MigReservationsAnnotation]
+		if !ok || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+			continue
+		}
+		recs, err := api.DecodeMigReservations(raw)
+		if err != nil {
+			return nil, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		for _, r := range recs {
+			if i, ok := byUUID[r.GPUUUID]; ok {
+				gpus[i].MIG = append(gpus[i].MIG, placement.Instance{Profile: r.Profile, Placement: r.Placement})
+			}
+		}
+	}
+	e.mu.Lock()
+	for _, f := range e.pending {
+		if f.node != name {
+			continue
+		}
+		for _, a := range f.result.Assignments {
+			if a.GPU < len(gpus) {
+				gpus[a.GPU].MIG = append(gpus[a.GPU].MIG, placement.Instance{Profile: a.Profile, Placement: a.Placement})
+			}
+		}
+	}
+	e.mu.Unlock()
+	return gpus, nil
+}
+
+func (e *extender) handleBind(w http.ResponseWriter, r *http.Request) {
+	var args extenderv1.ExtenderBindingArgs
+	var res extenderv1.ExtenderBindingResult
+	if err := json.NewDecoder(r.Body).Decode(&args); err != nil {
+		res.Error = fmt.Sprintf("bad bind arguments: %v", err)
+	} else if err := e.bind(r.Context(), args); err != nil {
+		res.Error = err.Error()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(&res)
+}
+
+// bind takes the node's hand-off Lease (waiting while another pod holds it) and creates
+// the Binding with the reservation: the plugin's two writes.
+func (e *extender) bind(ctx context.Context, args extenderv1.ExtenderBindingArgs) error {
+	e.mu.Lock()
+	f, ok := e.pending[args.PodUID]
+	e.mu.Unlock()
+	if !ok || f.node != args.Node {
+		return fmt.Errorf("no fit for pod %s/%s on %s", args.PodNamespace, args.PodName, args.Node)
+	}
+	recs := make([]api.MigReservation, len(f.result.Assignments))
+	for i, a := range f.result.Assignments {
+		recs[i] = api.MigReservation{ContainerIndex: a.ContainerIndex, DeviceIndex: a.DeviceIndex, GPUUUID: a.GPUUUID, Profile: a.Profile, Placement: a.Placement}
+	}
+	raw, err := api.EncodeMigReservations(recs)
+	if err != nil {
+		return err
+	}
+	holder := args.PodNamespace + "/" + args.PodName + "/" + string(args.PodUID)
+	if err := e.takeLease(ctx, args.Node, holder, api.ReservationDigest(raw)); err != nil {
+		return err
+	}
+	return e.client.CoreV1().Pods(args.PodNamespace).Bind(ctx, &v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: args.PodNamespace, Name: args.PodName, UID: args.PodUID, Annotations: map[string]string{
+			api.MigReservationsAnnotation: raw,
+			api.AssignedNodeAnnotation:    args.Node,
+			api.BindTimeAnnotation:        strconv.FormatInt(time.Now().Unix(), 10),
+			api.BindPhaseAnnotation:       api.BindPhaseAllocating,
+		}},
+		Target: v1.ObjectReference{Kind: "Node", Name: args.Node},
+	}, metav1.CreateOptions{})
+}
+
+// takeLease writes the node's hand-off Lease for holder once no other pod holds it (the
+// stand-in device plugin releases it as soon as its pod is bound).
+func (e *extender) takeLease(ctx context.Context, node, holder, digest string) error {
+	leases := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace)
+	name := api.HandoffLeaseName(node)
+	deadline := time.Now().Add(2 * time.Minute)
+	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		now := metav1.NewMicroTime(time.Now())
+		l, err := leases.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: api.DefaultSystemNamespace}}
+			fillLease(l, holder, digest, now)
+			if _, err = leases.Create(ctx, l, metav1.CreateOptions{}); err == nil {
+				return nil
+			}
+		case err != nil:
+		case ptr.Deref(l.Spec.HolderIdentity, "") == "" || *l.Spec.HolderIdentity == holder:
+			fillLease(l, holder, digest, now)
+			if _, err = leases.Update(ctx, l, metav1.UpdateOptions{}); err == nil {
+				return nil
+			}
+		default:
+			err = errors.New("held by " + *l.Spec.HolderIdentity)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("hand-off Lease %s: %v", name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+func fillLease(l *coordinationv1.Lease, holder, digest string, now metav1.MicroTime) {
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[api.ReservationDigestAnnotation] = digest
+	l.Spec.HolderIdentity = ptr.To(holder)
+	l.Spec.LeaseDurationSeconds = ptr.To[int32](60)
+	l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
+}
