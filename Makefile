@@ -22,7 +22,7 @@ FUZZ_TARGETS := \
 	./deviceplugin/checkpoint:FuzzDecode \
 	./nvml/sim:FuzzParseGPUList
 
-.PHONY: all build test unit race fuzz lint demo clean bench-allocator bench-packing bench-throughput bench-throughput-quick kubectl
+.PHONY: all build test unit race fuzz lint demo clean bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender kubectl
 
 all: build
 
@@ -79,6 +79,11 @@ bench-packing:
 # pods, written to docs/benchmarks/throughput.md: about 30 minutes on 2 cores.
 bench-throughput:
 	$(GO) run ./test/bench/throughput/cmd -out docs/benchmarks
+
+# The same allocator behind a kube-scheduler HTTP extender (HAMi's architecture) against
+# the in-process plugin, 1000 nodes, QPS 5000, written to docs/benchmarks/extender/.
+bench-throughput-extender:
+	$(GO) run ./test/bench/throughput/cmd -out docs/benchmarks/extender -nodes 1000 -qps 5000/5000 -scenarios a,e,b -cpuprofile ''
 
 # The same at 100 nodes and 1000 pods (about 3 minutes), written to /tmp/dynamig-throughput.
 bench-throughput-quick:

@@ -22,3 +22,17 @@ func CPUModel() string {
 	}
 	return "unknown CPU"
 }
+
+// Command is the command line that ran a benchmark, as a shell would take it back: prefix
+// (e.g. "go run ./test/bench/packing/cmd") and os.Args[1:], each quoted when it is empty or
+// holds characters a shell would interpret.
+func Command(prefix string) string {
+	parts := []string{prefix}
+	for _, a := range os.Args[1:] {
+		if a == "" || strings.ContainsAny(a, " \t\n'\"\\$`*?[]{}()<>|&;#~!") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		parts = append(parts, a)
+	}
+	return strings.Join(parts, " ")
+}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"time"
 
 	"github.com/dynamig/dynamig/test/bench/machine"
@@ -38,7 +37,7 @@ func main() {
 		os.Exit(1)
 	}
 	m := packing.Machine{Cores: runtime.NumCPU(), CPU: machine.CPUModel(), At: time.Now().UTC().Format("2006-01-02 15:04 MST"),
-		Command: "go run ./test/bench/packing/cmd " + strings.Join(os.Args[1:], " ")}
+		Command: machine.Command("go run ./test/bench/packing/cmd")}
 	var md, svg bytes.Buffer
 	rep.WriteMarkdown(&md, m)
 	fmt.Fprintf(&md, "\nRun time: %.0f s.\n", time.Since(start).Seconds())

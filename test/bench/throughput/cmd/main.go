@@ -92,7 +92,7 @@ func main() {
 		_ = os.Remove(*logPath)
 	}
 	m := throughput.Machine{Cores: runtime.NumCPU(), CPU: machine.CPUModel(), At: time.Now().UTC().Format("2006-01-02 15:04 MST"),
-		Command: strings.TrimSpace("go run ./test/bench/throughput/cmd " + strings.Join(os.Args[1:], " ")), Took: time.Since(start)}
+		Command: machine.Command("go run ./test/bench/throughput/cmd"), Took: time.Since(start)}
 	var md bytes.Buffer
 	rep.WriteMarkdown(&md, m)
 	p := filepath.Join(*out, "throughput.md")
