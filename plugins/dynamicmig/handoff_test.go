@@ -1,6 +1,8 @@
 package dynamicmig
 
 import (
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/client-go/tools/cache"
 	"strings"
 	"testing"
 	"time"
@@ -242,5 +244,42 @@ func TestHandoffTimeoutCountsFromTheNodesTurn(t *testing.T) {
 	}
 	if d := time.Since(start); d < 2*timeout {
 		t.Errorf("both binds gave up within %v: the second must wait its own %v after the first", d, timeout)
+	}
+}
+
+// TestLeaseTimes: the per-node heartbeat and hand-off expiries follow Lease adds, updates
+// and deletes (tombstones included); a hand-off Lease without a holder is not held.
+func TestLeaseTimes(t *testing.T) {
+	now := time.Now()
+	lease := func(name string, holder *string, renewed time.Time) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: api.DefaultSystemNamespace},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: holder, LeaseDurationSeconds: ptr.To[int32](40), RenewTime: &metav1.MicroTime{Time: renewed}}}
+	}
+	lt := newLeaseTimes()
+	lt.set(lease(api.HeartbeatLeaseName("n1"), ptr.To("n1"), now))
+	lt.set(lease(api.HeartbeatLeaseName("n2"), ptr.To("n2"), now.Add(-time.Minute)))
+	lt.set(lease(api.HandoffLeaseName("n1"), ptr.To("default/p/uid"), now))
+	lt.set(lease(api.HandoffLeaseName("n2"), nil, now))
+	for _, tc := range []struct {
+		name string
+		got  bool
+		want bool
+	}{
+		{"n1 heartbeat fresh", lt.heartbeatFresh("n1", now), true},
+		{"n2 heartbeat expired", lt.heartbeatFresh("n2", now), false},
+		{"n3 no heartbeat", lt.heartbeatFresh("n3", now), false},
+		{"n1 hand-off held", lt.handoffHeld("n1", now), true},
+		{"n1 hand-off expired later", lt.handoffHeld("n1", now.Add(time.Minute)), false},
+		{"n2 hand-off without holder", lt.handoffHeld("n2", now), false},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
+	pl := &DynamicMIG{leaseTimes: lt}
+	pl.onLeaseDelete(cache.DeletedFinalStateUnknown{Key: "x", Obj: lease(api.HandoffLeaseName("n1"), ptr.To("default/p/uid"), now)})
+	pl.onLeaseDelete(lease(api.HeartbeatLeaseName("n1"), ptr.To("n1"), now))
+	if lt.handoffHeld("n1", now) || lt.heartbeatFresh("n1", now) {
+		t.Error("deleted Leases still count")
 	}
 }
