@@ -87,16 +87,7 @@ func TestHandoffAwareScoring(t *testing.T) {
 // soon as the holder's release reaches the Lease informer.
 func TestBindReadsLeaseFromInformerAndWakesOnRelease(t *testing.T) {
 	e := newEnv(t, &config.DynamicMIGArgs{HandoffAwareScoring: ptr.To(false)}, []*v1.Node{gpuNode(t, "n1", api.ModeMIG, "A100-40GB")})
-	e.realise = false
-	first := gpuPod("first", api.ModeMIG, [2]int{1, 4000})
-	if bound, statuses := e.schedule(first); bound == nil {
-		t.Fatalf("first pod unschedulable: %s", reasons(statuses))
-	}
-	first = e.pod("first")
-	waitFor(t, func() bool {
-		p, err := e.pl.pods.Pods("default").Get("first")
-		return err == nil && p.Spec.NodeName != ""
-	})
+	first := bindUnrealised(t, e, "first")
 	waitFor(t, func() bool { return e.pl.handoffBusy("n1") })
 	e.client.ClearActions()
 
@@ -199,16 +190,7 @@ func TestHandoffTimeoutCountsFromTheNodesTurn(t *testing.T) {
 	const timeout = 400 * time.Millisecond
 	e := newEnv(t, &config.DynamicMIGArgs{HandoffAwareScoring: ptr.To(false), HandoffTimeout: &metav1.Duration{Duration: timeout}},
 		[]*v1.Node{gpuNode(t, "n1", api.ModeMIG, "A100-40GB")})
-	e.realise = false
-	holder := gpuPod("holder", api.ModeMIG, [2]int{1, 4000})
-	if bound, statuses := e.schedule(holder); bound == nil {
-		t.Fatalf("holder unschedulable: %s", reasons(statuses))
-	}
-	holder = e.pod("holder")
-	waitFor(t, func() bool {
-		p, err := e.pl.pods.Pods("default").Get("holder")
-		return err == nil && p.Spec.NodeName != ""
-	})
+	holder := bindUnrealised(t, e, "holder")
 	assumed := []*v1.Pod{holder}
 	type outcome struct {
 		err error
@@ -282,4 +264,19 @@ func TestLeaseTimes(t *testing.T) {
 	if lt.handoffHeld("n1", now) || lt.heartbeatFresh("n1", now) {
 		t.Error("deleted Leases still count")
 	}
+}
+
+// bindUnrealised schedules and binds a 1g pod that the device plugin never realises (so it
+// keeps the node's hand-off Lease) and waits until the plugin's pod informer shows it bound.
+func bindUnrealised(t *testing.T, e *env, name string) *v1.Pod {
+	t.Helper()
+	e.realise = false
+	if bound, statuses := e.schedule(gpuPod(name, api.ModeMIG, [2]int{1, 4000})); bound == nil {
+		t.Fatalf("%s unschedulable: %s", name, reasons(statuses))
+	}
+	waitFor(t, func() bool {
+		p, err := e.pl.pods.Pods("default").Get(name)
+		return err == nil && p.Spec.NodeName != ""
+	})
+	return e.pod(name)
 }
