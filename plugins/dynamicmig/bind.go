@@ -81,11 +81,7 @@ func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result) (ma
 	}
 	var handedOff string
 	if res.Mode == api.ModeMIG {
-		recs := make([]api.MigReservation, len(res.Assignments))
-		for i, as := range res.Assignments {
-			recs[i] = api.MigReservation{ContainerIndex: as.ContainerIndex, DeviceIndex: as.DeviceIndex, GPUUUID: as.GPUUUID, Profile: as.Profile, Placement: as.Placement}
-		}
-		raw, err := api.EncodeMigReservations(recs)
+		raw, err := api.EncodeMigReservations(res.MigReservations())
 		if err != nil {
 			return nil, "", fmt.Errorf("encoding the reservation of %s/%s: %w", pod.Namespace, pod.Name, err)
 		}

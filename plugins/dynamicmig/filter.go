@@ -122,14 +122,9 @@ func (pl *DynamicMIG) nodeGPUs(nodeInfo fwk.NodeInfo) ([]placement.GPU, *fwk.Sta
 	if err != nil {
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s has an unreadable GPU inventory: %v", node.Name, err))
 	}
-	gpus := make([]placement.GPU, len(inv))
-	byUUID := make(map[string]int, len(inv))
-	for i := range inv {
-		gpus[i].Info = inv[i]
-		byUUID[inv[i].ID] = i
-	}
+	gpus := placement.GPUsOf(inv)
 	for _, pi := range nodeInfo.GetPods() {
-		if err := pl.addOccupancy(gpus, byUUID, pi.GetPod()); err != nil {
+		if err := pl.addOccupancy(gpus, pi.GetPod()); err != nil {
 			// An unreadable reservation could hide an occupied placement: place nothing here.
 			return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s: pod %s/%s: %v", node.Name, pi.GetPod().Namespace, pi.GetPod().Name, err))
 		}
@@ -139,7 +134,7 @@ func (pl *DynamicMIG) nodeGPUs(nodeInfo fwk.NodeInfo) ([]placement.GPU, *fwk.Sta
 
 // addOccupancy adds a pod's reservations: from its annotations once bound, else from what
 // Reserve recorded for it.
-func (pl *DynamicMIG) addOccupancy(gpus []placement.GPU, byUUID map[string]int, p *v1.Pod) error {
+func (pl *DynamicMIG) addOccupancy(gpus []placement.GPU, p *v1.Pod) error {
 	if p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
 		return nil
 	}
@@ -147,9 +142,7 @@ func (pl *DynamicMIG) addOccupancy(gpus []placement.GPU, byUUID map[string]int, 
 	coreRaw, hasCore := p.Annotations[api.DevicesAllocatedAnnotation]
 	if !hasMIG && !hasCore {
 		if r, ok := pl.reservations.get(p.UID); ok {
-			for _, a := range r.result.Assignments {
-				addAssignment(gpus, a)
-			}
+			placement.AddAssignments(gpus, r.result.Assignments)
 		}
 		return nil
 	}
@@ -161,37 +154,16 @@ func (pl *DynamicMIG) addOccupancy(gpus []placement.GPU, byUUID map[string]int, 
 		if err != nil {
 			return err
 		}
-		for _, r := range recs {
-			if i, ok := byUUID[r.GPUUUID]; ok {
-				gpus[i].MIG = append(gpus[i].MIG, placement.Instance{Profile: r.Profile, Placement: r.Placement})
-			}
-		}
+		placement.AddMIGReservations(gpus, recs)
 	}
 	if hasCore {
 		containers, err := api.DecodeHAMiCoreDevices(api.DevicesAllocatedAnnotation, coreRaw)
 		if err != nil {
 			return err
 		}
-		for _, devs := range containers {
-			for _, d := range devs {
-				if i, ok := byUUID[d.UUID]; ok {
-					gpus[i].Shares = append(gpus[i].Shares, placement.Share{MemoryMiB: d.MemoryMiB, Cores: d.Cores})
-				}
-			}
-		}
+		placement.AddHAMiCoreShares(gpus, containers)
 	}
 	return nil
-}
-
-func addAssignment(gpus []placement.GPU, a placement.Assignment) {
-	if a.GPU >= len(gpus) {
-		return
-	}
-	if a.Mode == api.ModeMIG {
-		gpus[a.GPU].MIG = append(gpus[a.GPU].MIG, placement.Instance{Profile: a.Profile, Placement: a.Placement})
-	} else {
-		gpus[a.GPU].Shares = append(gpus[a.GPU].Shares, placement.Share{MemoryMiB: a.MemoryMiB, Cores: a.Cores})
-	}
 }
 
 // checkHeartbeat refuses nodes whose device plugin stopped renewing its heartbeat Lease.

@@ -33,12 +33,7 @@ func inventoryOf(t testing.TB, mode, allow string, models ...string) []GPU {
 			}
 		}
 	}
-	inv := fixture.Inventory(t, "n", doc, models...)
-	gpus := make([]GPU, len(inv))
-	for i := range inv {
-		gpus[i].Info = inv[i]
-	}
-	return gpus
+	return GPUsOf(fixture.Inventory(t, "n", doc, models...))
 }
 
 func cmpOr(a, b string) string {

@@ -205,12 +205,7 @@ func (e *extender) nodeGPUs(name string) ([]placement.GPU, error) {
 		e.decoded[raw] = inv
 		e.mu.Unlock()
 	}
-	gpus := make([]placement.GPU, len(inv))
-	byUUID := make(map[string]int, len(inv))
-	for i := range inv {
-		gpus[i].Info = inv[i]
-		byUUID[inv[i].ID] = i
-	}
+	gpus := placement.GPUsOf(inv)
 	objs, err := e.pods.ByIndex(podsByNode, name)
 	if err != nil {
 		return nil, err
@@ -225,21 +220,12 @@ func (e *extender) nodeGPUs(name string) ([]placement.GPU, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
 		}
-		for _, r := range recs {
-			if i, ok := byUUID[r.GPUUUID]; ok {
-				gpus[i].MIG = append(gpus[i].MIG, placement.Instance{Profile: r.Profile, Placement: r.Placement})
-			}
-		}
+		placement.AddMIGReservations(gpus, recs)
 	}
 	e.mu.Lock()
 	for _, f := range e.pending {
-		if f.node != name {
-			continue
-		}
-		for _, a := range f.result.Assignments {
-			if a.GPU < len(gpus) {
-				gpus[a.GPU].MIG = append(gpus[a.GPU].MIG, placement.Instance{Profile: a.Profile, Placement: a.Placement})
-			}
+		if f.node == name {
+			placement.AddAssignments(gpus, f.result.Assignments)
 		}
 	}
 	e.mu.Unlock()
@@ -267,11 +253,7 @@ func (e *extender) bind(ctx context.Context, args extenderv1.ExtenderBindingArgs
 	if !ok || f.node != args.Node {
 		return fmt.Errorf("no fit for pod %s/%s on %s", args.PodNamespace, args.PodName, args.Node)
 	}
-	recs := make([]api.MigReservation, len(f.result.Assignments))
-	for i, a := range f.result.Assignments {
-		recs[i] = api.MigReservation{ContainerIndex: a.ContainerIndex, DeviceIndex: a.DeviceIndex, GPUUUID: a.GPUUUID, Profile: a.Profile, Placement: a.Placement}
-	}
-	raw, err := api.EncodeMigReservations(recs)
+	raw, err := api.EncodeMigReservations(f.result.MigReservations())
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,68 @@
+package placement
+
+import "github.com/dynamig/dynamig/api"
+
+// GPUsOf is a node's inventory as GPUs with nothing reserved on them yet.
+func GPUsOf(inv []api.GPU) []GPU {
+	gpus := make([]GPU, len(inv))
+	for i := range inv {
+		gpus[i].Info = inv[i]
+	}
+	return gpus
+}
+
+// gpuIndex is the index of the GPU with the UUID, or -1. A node has a handful of GPUs: a
+// scan is cheaper than a map.
+func gpuIndex(gpus []GPU, uuid string) int {
+	for i := range gpus {
+		if gpus[i].Info.ID == uuid {
+			return i
+		}
+	}
+	return -1
+}
+
+// AddMIGReservations adds a pod's recorded MIG reservations to the GPUs they name;
+// reservations of GPUs the node does not list are ignored.
+func AddMIGReservations(gpus []GPU, recs []api.MigReservation) {
+	for _, r := range recs {
+		if i := gpuIndex(gpus, r.GPUUUID); i >= 0 {
+			gpus[i].MIG = append(gpus[i].MIG, Instance{Profile: r.Profile, Placement: r.Placement})
+		}
+	}
+}
+
+// AddHAMiCoreShares adds a pod's hami-core devices (per container) to the GPUs they name.
+func AddHAMiCoreShares(gpus []GPU, containers [][]api.HAMiCoreDevice) {
+	for _, devs := range containers {
+		for _, d := range devs {
+			if i := gpuIndex(gpus, d.UUID); i >= 0 {
+				gpus[i].Shares = append(gpus[i].Shares, Share{MemoryMiB: d.MemoryMiB, Cores: d.Cores})
+			}
+		}
+	}
+}
+
+// AddAssignments adds a fit's assignments, not yet recorded on the pod, to the GPUs.
+func AddAssignments(gpus []GPU, as []Assignment) {
+	for _, a := range as {
+		if a.GPU >= len(gpus) {
+			continue
+		}
+		if a.Mode == api.ModeMIG {
+			gpus[a.GPU].MIG = append(gpus[a.GPU].MIG, Instance{Profile: a.Profile, Placement: a.Placement})
+		} else {
+			gpus[a.GPU].Shares = append(gpus[a.GPU].Shares, Share{MemoryMiB: a.MemoryMiB, Cores: a.Cores})
+		}
+	}
+}
+
+// MigReservations are the records the scheduler writes for a MIG fit (the runtime
+// identity is the device plugin's to add).
+func (r *Result) MigReservations() []api.MigReservation {
+	recs := make([]api.MigReservation, len(r.Assignments))
+	for i, a := range r.Assignments {
+		recs[i] = api.MigReservation{ContainerIndex: a.ContainerIndex, DeviceIndex: a.DeviceIndex, GPUUUID: a.GPUUUID, Profile: a.Profile, Placement: a.Placement}
+	}
+	return recs
+}
