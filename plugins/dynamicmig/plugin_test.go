@@ -11,7 +11,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -266,21 +265,12 @@ func heartbeat(node string, renewed time.Time) *coordinationv1.Lease {
 
 var podSeq int
 
-// gpuPod is a pod whose containers ask for {devices, MiB per device}, in mode.
+// gpuPod is a pod of namespace default whose containers ask for {devices, MiB per
+// device}, in mode, with a UID of its own (the fake clientset assigns none).
 func gpuPod(name, mode string, containers ...[2]int) *v1.Pod {
 	podSeq++
-	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(fmt.Sprintf("uid-%s-%d", name, podSeq)), Annotations: map[string]string{}},
-		Spec: v1.PodSpec{SchedulerName: "dynamig-scheduler"}}
-	if mode != "" {
-		p.Annotations[api.VGPUModeAnnotation] = mode
-	}
-	for i, c := range containers {
-		limits := v1.ResourceList{api.ResourceCount: *resource.NewQuantity(int64(c[0]), resource.DecimalSI)}
-		if c[1] > 0 {
-			limits[api.ResourceMemory] = *resource.NewQuantity(int64(c[1]), resource.DecimalSI)
-		}
-		p.Spec.Containers = append(p.Spec.Containers, v1.Container{Name: fmt.Sprintf("c%d", i), Image: "busybox", Resources: v1.ResourceRequirements{Limits: limits}})
-	}
+	p := fixture.GPUPod("default", name, mode, containers...)
+	p.UID = types.UID(fmt.Sprintf("uid-%s-%d", name, podSeq))
 	return p
 }
 

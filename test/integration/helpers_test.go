@@ -13,7 +13,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -193,20 +192,7 @@ func gpuNode(t *testing.T, name, mode string, models ...string) *v1.Node {
 // gpuPod is a pod of the test's namespace for dynamig-scheduler whose containers ask for
 // {devices, MiB per device}, in mode.
 func (e *env) gpuPod(name, mode string, containers ...[2]int) *v1.Pod {
-	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns, Annotations: map[string]string{}},
-		Spec: v1.PodSpec{SchedulerName: "dynamig-scheduler"}}
-	if mode != "" {
-		p.Annotations[api.VGPUModeAnnotation] = mode
-	}
-	for i, c := range containers {
-		limits := v1.ResourceList{api.ResourceCount: *resource.NewQuantity(int64(c[0]), resource.DecimalSI)}
-		if c[1] > 0 {
-			limits[api.ResourceMemory] = *resource.NewQuantity(int64(c[1]), resource.DecimalSI)
-		}
-		p.Spec.Containers = append(p.Spec.Containers, v1.Container{Name: fmt.Sprintf("c%d", i), Image: "busybox",
-			Resources: v1.ResourceRequirements{Limits: limits}})
-	}
-	return p
+	return fixture.GPUPod(e.ns, name, mode, containers...)
 }
 
 func (e *env) create(pods ...*v1.Pod) {
