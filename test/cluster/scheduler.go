@@ -23,8 +23,9 @@ var schedulerSeq atomic.Int64
 // SchedulerConfig copies the KubeSchedulerConfiguration at src (typically
 // manifests/scheduler-config.yaml) into the control plane's directory with
 // clientConnection.kubeconfig set to a kubeconfig of UserScheduler and leader election off,
-// and returns the copy's path. Everything else is kept as written.
-func (cp *ControlPlane) SchedulerConfig(src string) (string, error) {
+// and returns the copy's path. The edits, if any, change the parsed document first;
+// everything else is kept as written.
+func (cp *ControlPlane) SchedulerConfig(src string, edits ...func(doc map[string]any) error) (string, error) {
 	raw, err := os.ReadFile(src)
 	if err != nil {
 		return "", err
@@ -32,6 +33,11 @@ func (cp *ControlPlane) SchedulerConfig(src string) (string, error) {
 	var doc map[string]any
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
 		return "", fmt.Errorf("%s: %w", src, err)
+	}
+	for _, edit := range edits {
+		if err := edit(doc); err != nil {
+			return "", fmt.Errorf("%s: %w", src, err)
+		}
 	}
 	kubeconfig, err := cp.WriteKubeconfig(UserScheduler)
 	if err != nil {

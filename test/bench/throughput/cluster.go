@@ -2,15 +2,13 @@ package throughput
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"go.yaml.in/yaml/v3"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -243,18 +241,14 @@ const (
 	Extender
 )
 
-// deriveConfig writes a copy of the KubeSchedulerConfiguration at src into dir, for
-// profile, with clientConnection qps and burst set, and returns its path (which
-// cluster.ControlPlane.SchedulerConfig then completes with the kubeconfig).
-func deriveConfig(src, dir string, profile Profile, qps float64, burst int, extenderURL string) (string, error) {
-	raw, err := os.ReadFile(src)
-	if err != nil {
-		return "", err
-	}
-	var doc map[string]any
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		return "", fmt.Errorf("%s: %w", src, err)
-	}
+// configEdit edits the shipped KubeSchedulerConfiguration for profile, with
+// clientConnection qps and burst set (cluster.ControlPlane.SchedulerConfig applies it and
+// completes the copy with the kubeconfig).
+func configEdit(profile Profile, qps float64, burst int, extenderURL string) func(doc map[string]any) error {
+	return func(doc map[string]any) error { return editConfig(doc, profile, qps, burst, extenderURL) }
+}
+
+func editConfig(doc map[string]any, profile Profile, qps float64, burst int, extenderURL string) error {
 	cc, ok := doc["clientConnection"].(map[string]any)
 	if !ok {
 		cc = map[string]any{}
@@ -270,12 +264,12 @@ func deriveConfig(src, dir string, profile Profile, qps float64, burst int, exte
 	if profile == DefaultPlugins || profile == Extender {
 		profiles, _ := doc["profiles"].([]any)
 		if len(profiles) == 0 {
-			return "", fmt.Errorf("%s: no profiles", src)
+			return errors.New("no profiles")
 		}
 		for _, p := range profiles {
 			prof, ok := p.(map[string]any)
 			if !ok {
-				return "", fmt.Errorf("%s: profile is %T", src, p)
+				return fmt.Errorf("profile is %T", p)
 			}
 			if plugins, ok := prof["plugins"].(map[string]any); ok {
 				if mp, ok := plugins["multiPoint"].(map[string]any); ok {
@@ -313,11 +307,5 @@ func deriveConfig(src, dir string, profile Profile, qps float64, burst int, exte
 			}
 		}
 	}
-	out, err := yaml.Marshal(doc)
-	if err != nil {
-		return "", err
-	}
-	name := map[Profile]string{DefaultPlugins: "default", WithDynamicMIG: "dynamig", Extender: "extender"}[profile]
-	p := filepath.Join(dir, fmt.Sprintf("scheduler-config-%s-qps%g.yaml", name, qps))
-	return p, os.WriteFile(p, out, 0o600)
+	return nil
 }

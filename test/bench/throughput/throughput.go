@@ -218,11 +218,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				}
 				url = ext.URL()
 			}
-			derived, err := deriveConfig(cfg.SchedulerConfig, cp.Dir, p, q.QPS, q.Burst, url)
-			if err != nil {
-				return nil, err
-			}
-			full, err := cp.SchedulerConfig(derived)
+			full, err := cp.SchedulerConfig(cfg.SchedulerConfig, configEdit(p, q.QPS, q.Burst, url))
 			if err != nil {
 				return nil, err
 			}
