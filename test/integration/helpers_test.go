@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,11 +13,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
@@ -50,7 +46,7 @@ type env struct {
 	mu    sync.Mutex
 	nodes []string
 
-	standIn *standIn
+	standIn *cluster.StandIn
 }
 
 func newEnv(t *testing.T, prefix string) *env {
@@ -69,14 +65,14 @@ func newEnv(t *testing.T, prefix string) *env {
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	e.standIn = &standIn{client: dp, ns: e.ns, done: map[types.UID]bool{}}
-	standInStopped := e.standIn.run(ctx)
+	var stopStandIn func()
+	e.standIn, stopStandIn = cluster.StartStandIn(ctx, dp, e.ns, 16, cluster.RealiseAsDevicePlugin)
 	heartbeatsStopped := make(chan struct{})
 	go e.renewHeartbeats(ctx, heartbeatsStopped)
 	// Cleanups run last-registered first: schedulers (registered later) stop before this.
 	t.Cleanup(func() {
 		cancel()
-		<-standInStopped
+		stopStandIn()
 		<-heartbeatsStopped
 		e.cleanup()
 	})
@@ -324,64 +320,4 @@ func checkPlacements(t *testing.T, pods []v1.Pod) int {
 		}
 	}
 	return bound
-}
-
-// standIn plays the device plugin for the test's pods: for every pod bound with
-// bind-phase allocating, it marks the pod realised (bind-phase success) and releases the
-// node's hand-off Lease if the pod holds it. Writes counts its own writes; it writes as
-// cluster.UserDevicePlugin, so the audit log attributes them to it as well.
-type standIn struct {
-	client kubernetes.Interface
-	ns     string
-	writes atomic.Int64
-	// paused makes it ignore pods, as a device plugin that has not been called yet.
-	paused atomic.Bool
-
-	mu   sync.Mutex
-	done map[types.UID]bool
-}
-
-func (s *standIn) run(ctx context.Context) <-chan struct{} {
-	stopped := make(chan struct{})
-	factory := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithNamespace(s.ns))
-	inf := factory.Core().V1().Pods().Informer()
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.handle(ctx, obj) },
-		UpdateFunc: func(_, obj any) { s.handle(ctx, obj) },
-	})
-	go func() {
-		defer close(stopped)
-		factory.Start(ctx.Done())
-		<-ctx.Done()
-		factory.Shutdown()
-	}()
-	return stopped
-}
-
-func (s *standIn) handle(ctx context.Context, obj any) {
-	p, ok := obj.(*v1.Pod)
-	if !ok || p.Spec.NodeName == "" || p.Annotations[api.BindPhaseAnnotation] != api.BindPhaseAllocating || s.paused.Load() {
-		return
-	}
-	s.mu.Lock()
-	if s.done[p.UID] {
-		s.mu.Unlock()
-		return
-	}
-	s.done[p.UID] = true
-	s.mu.Unlock()
-	s.writes.Add(int64(cluster.RealiseAsDevicePlugin(ctx, s.client, p)))
-}
-
-// resume ends a pause and realises the pods it ignored meanwhile.
-func (s *standIn) resume(ctx context.Context) error {
-	s.paused.Store(false)
-	list, err := s.client.CoreV1().Pods(s.ns).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return err
-	}
-	for i := range list.Items {
-		s.handle(ctx, &list.Items[i])
-	}
-	return nil
 }

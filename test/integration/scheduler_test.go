@@ -101,7 +101,7 @@ func TestGPUPodEndToEnd(t *testing.T) {
 	if d := bindingCreates(t) - bindingsBefore; d != 1 {
 		t.Errorf("apiserver_request_total{verb=POST,resource=pods,subresource=binding} grew by %d, want 1", d)
 	}
-	if n := e.standIn.writes.Load(); n != 2 {
+	if n := e.standIn.Writes(); n != 2 {
 		t.Errorf("stand-in device plugin writes: %d, want 2 (bind-phase and Lease release)", n)
 	}
 }
@@ -178,7 +178,7 @@ func TestSchedulerRestartNoDoubleBooking(t *testing.T) {
 	e.waitRealised(60*time.Second, first...)
 	// One more pod is bound but not yet realised when the scheduler stops: it holds the
 	// node's hand-off Lease and is still allocating.
-	e.standIn.paused.Store(true)
+	e.standIn.Pause()
 	e.create(e.gpuPod("inflight", api.ModeMIG, [2]int{1, 8000}))
 	e.waitFor(60*time.Second, "inflight bound", func() (bool, string) {
 		p := e.pod("inflight")
@@ -200,7 +200,7 @@ func TestSchedulerRestartNoDoubleBooking(t *testing.T) {
 			t.Errorf("%s was bound to %s while inflight still held the hand-off Lease", n, p.Spec.NodeName)
 		}
 	}
-	if err := e.standIn.resume(e.ctx); err != nil {
+	if err := e.standIn.Resume(e.ctx); err != nil {
 		t.Fatal(err)
 	}
 	e.waitRealised(60*time.Second, append(second, "inflight")...)

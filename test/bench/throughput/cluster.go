@@ -13,17 +13,13 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/deviceplugin/inventory"
 	"github.com/dynamig/dynamig/nvml/sim"
-	"github.com/dynamig/dynamig/test/cluster"
 )
 
 // GPUModel is the simulated GPU every benchmark node carries, GPUsPerNode of them.
@@ -162,69 +158,6 @@ func parallel(workers, n int, f func(i int) error) error {
 	}
 	wg.Wait()
 	return first
-}
-
-// standIn plays the device plugin for one namespace's pods: as soon as a pod is bound with
-// bind-phase allocating it sets bind-phase success and releases the node's hand-off Lease
-// if the pod holds it. It writes as cluster.UserDevicePlugin and counts its own writes.
-type standIn struct {
-	client kubernetes.Interface
-	ns     string
-	writes atomic.Int64
-	sem    chan struct{}
-
-	mu   sync.Mutex
-	done map[types.UID]bool
-	wg   sync.WaitGroup
-}
-
-func startStandIn(ctx context.Context, client kubernetes.Interface, ns string) (*standIn, func()) {
-	s := &standIn{client: client, ns: ns, done: map[types.UID]bool{}, sem: make(chan struct{}, 16)}
-	ctx, cancel := context.WithCancel(ctx)
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns))
-	inf := factory.Core().V1().Pods().Informer()
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.handle(ctx, obj) },
-		UpdateFunc: func(_, obj any) { s.handle(ctx, obj) },
-	})
-	factory.Start(ctx.Done())
-	factory.WaitForCacheSync(ctx.Done())
-	return s, func() {
-		cancel()
-		factory.Shutdown()
-		s.wg.Wait()
-	}
-}
-
-// handle realises a bound pod in its own goroutine (at most 16 at a time): a device plugin
-// runs per node, so pods on different nodes are realised concurrently.
-func (s *standIn) handle(ctx context.Context, obj any) {
-	p, ok := obj.(*v1.Pod)
-	if !ok || p.Spec.NodeName == "" || p.Annotations[api.BindPhaseAnnotation] != api.BindPhaseAllocating {
-		return
-	}
-	s.mu.Lock()
-	if s.done[p.UID] {
-		s.mu.Unlock()
-		return
-	}
-	s.done[p.UID] = true
-	s.mu.Unlock()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		select {
-		case s.sem <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		defer func() { <-s.sem }()
-		s.realise(ctx, p)
-	}()
-}
-
-func (s *standIn) realise(ctx context.Context, p *v1.Pod) {
-	s.writes.Add(int64(cluster.ReleaseHandoff(ctx, s.client, p)))
 }
 
 // Profile is which scheduler configuration a scenario runs.

@@ -274,7 +274,8 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
-	standIn, stopStandIn := startStandIn(ctx, dp, ns)
+	// The stand-in device plugin releases each GPU pod's hand-off Lease once it is bound.
+	standIn, stopStandIn := cluster.StartStandIn(ctx, dp, ns, 16, cluster.ReleaseHandoff)
 	defer stopStandIn()
 
 	// The watch that sees pods bound.
@@ -431,7 +432,7 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 		res.RefusedTotal += n
 	}
 	stopStandIn()
-	res.StandInWrites = standIn.writes.Load()
+	res.StandInWrites = standIn.Writes()
 
 	if err := clearScenario(ctx, cp, admin, ns); err != nil {
 		return nil, err
