@@ -58,12 +58,7 @@ func (pl *DynamicMIG) isSchedulableAfterPodDelete(logger klog.Logger, pod *v1.Po
 }
 
 // leaseFresh reports whether a Lease was renewed within its duration.
-func leaseFresh(l *coordinationv1.Lease, now time.Time) bool {
-	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
-		return false
-	}
-	return l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second).After(now)
-}
+func leaseFresh(l *coordinationv1.Lease, now time.Time) bool { return expiry(l).After(now) }
 
 // onLeaseEvent activates the pods refused for an expired heartbeat when any heartbeat
 // comes back.
