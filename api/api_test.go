@@ -298,3 +298,25 @@ func FuzzDecodeMigReservations(f *testing.F) {
 		}
 	})
 }
+
+func TestHandoffHolder(t *testing.T) {
+	h := HandoffHolder("default", "gpu-pod1", "uid-1")
+	if h != "default/gpu-pod1/uid-1" {
+		t.Fatalf("holder %q", h)
+	}
+	for _, tc := range []struct {
+		in            string
+		ns, name, uid string
+		ok            bool
+	}{
+		{h, "default", "gpu-pod1", "uid-1", true},
+		{"node-1", "", "", "", false},
+		{"default/gpu-pod1", "", "", "", false},
+		{"a/b/c/d", "a", "b", "c/d", true},
+	} {
+		ns, name, uid, ok := ParseHandoffHolder(tc.in)
+		if ns != tc.ns || name != tc.name || uid != tc.uid || ok != tc.ok {
+			t.Errorf("ParseHandoffHolder(%q) = %q %q %q %v", tc.in, ns, name, uid, ok)
+		}
+	}
+}

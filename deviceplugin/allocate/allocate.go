@@ -178,16 +178,16 @@ func (a *Allocator) holder(ctx context.Context) (*coordinationv1.Lease, *v1.Pod,
 	if lease.Spec.HolderIdentity != nil {
 		h = *lease.Spec.HolderIdentity
 	}
-	parts := strings.SplitN(h, "/", 3)
-	if len(parts) != 3 {
+	ns, podName, uid, ok := api.ParseHandoffHolder(h)
+	if !ok {
 		return nil, nil, fmt.Errorf("the hand-off Lease %s/%s is held by no pod (holder %q): this Allocate belongs to no reservation dynamig-scheduler made", a.opts.LeaseNamespace, name, h)
 	}
-	pod, err := a.opts.Client.CoreV1().Pods(parts[0]).Get(ctx, parts[1], metav1.GetOptions{})
+	pod, err := a.opts.Client.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
 	switch {
 	case err != nil:
 		return nil, nil, fmt.Errorf("reading hand-off holder %s: %w", h, err)
-	case string(pod.UID) != parts[2]:
-		return nil, nil, fmt.Errorf("hand-off holder %s no longer exists (pod %s/%s has UID %s)", h, parts[0], parts[1], pod.UID)
+	case string(pod.UID) != uid:
+		return nil, nil, fmt.Errorf("hand-off holder %s no longer exists (pod %s/%s has UID %s)", h, ns, podName, pod.UID)
 	case pod.Spec.NodeName != a.opts.NodeName:
 		return nil, nil, fmt.Errorf("hand-off holder %s is bound to %q, not this node %s", h, pod.Spec.NodeName, a.opts.NodeName)
 	}

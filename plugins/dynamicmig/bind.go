@@ -104,7 +104,7 @@ func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result) (ma
 
 // holderIdentity names the pod in the hand-off Lease.
 func holderIdentity(pod *v1.Pod) string {
-	return pod.Namespace + "/" + pod.Name + "/" + string(pod.UID)
+	return api.HandoffHolder(pod.Namespace, pod.Name, string(pod.UID))
 }
 
 // takeHandoff takes the node's hand-off Lease for the pod. It waits, never fails fast,
@@ -180,12 +180,12 @@ func (pl *DynamicMIG) fillHandoff(lease *coordinationv1.Lease, holder, digest st
 // UID, or shows unbound after the Lease expired, is read from the API server, since the
 // informer may lag.
 func (pl *DynamicMIG) holderBlocks(ctx context.Context, lease *coordinationv1.Lease, holder string) string {
-	parts := strings.SplitN(holder, "/", 3)
-	if len(parts) != 3 {
+	ns, name, uid, ok := api.ParseHandoffHolder(holder)
+	if !ok {
 		return "" // not a holder this project writes: take it
 	}
-	if p, err := pl.pods.Pods(parts[0]).Get(parts[1]); err == nil && string(p.UID) == parts[2] {
-		if holderKeeps(p, parts[2], lease) {
+	if p, err := pl.pods.Pods(ns).Get(name); err == nil && string(p.UID) == uid {
+		if holderKeeps(p, uid, lease) {
 			return blockedBy(p)
 		}
 		if p.Spec.NodeName != "" {
@@ -193,13 +193,13 @@ func (pl *DynamicMIG) holderBlocks(ctx context.Context, lease *coordinationv1.Le
 		}
 		// Unbound after its Lease expired: confirm, the informer may not show the Binding yet.
 	}
-	p, err := pl.client.CoreV1().Pods(parts[0]).Get(ctx, parts[1], metav1.GetOptions{})
+	p, err := pl.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return ""
 	case err != nil:
 		return fmt.Sprintf("cannot read hand-off holder %s: %v", holder, err)
-	case holderKeeps(p, parts[2], lease):
+	case holderKeeps(p, uid, lease):
 		return blockedBy(p)
 	}
 	return ""

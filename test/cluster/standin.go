@@ -35,7 +35,7 @@ func RealiseAsDevicePlugin(ctx context.Context, client kubernetes.Interface, p *
 // benchmark's stand-in makes per GPU pod. It returns the writes it made.
 func ReleaseHandoff(ctx context.Context, client kubernetes.Interface, p *v1.Pod) int {
 	writes := 0
-	holder := p.Namespace + "/" + p.Name + "/" + string(p.UID)
+	holder := api.HandoffHolder(p.Namespace, p.Name, string(p.UID))
 	leases := client.CoordinationV1().Leases(api.DefaultSystemNamespace)
 	_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		l, err := leases.Get(ctx, api.HandoffLeaseName(p.Spec.NodeName), metav1.GetOptions{})

@@ -257,7 +257,7 @@ func (e *extender) bind(ctx context.Context, args extenderv1.ExtenderBindingArgs
 	if err != nil {
 		return err
 	}
-	holder := args.PodNamespace + "/" + args.PodName + "/" + string(args.PodUID)
+	holder := api.HandoffHolder(args.PodNamespace, args.PodName, string(args.PodUID))
 	if err := e.takeLease(ctx, args.Node, holder, api.ReservationDigest(raw)); err != nil {
 		return err
 	}
