@@ -7,33 +7,17 @@ import (
 	"strings"
 )
 
-// OptimalBudget bounds the search nodes of Optimal; past it the result is a lower bound.
-const OptimalBudget = 20_000_000
-
-// Optimal is the most of the demands that any assignment places together on an empty
-// one-node cluster (every GPU of the node; devices of a pod may share a GPU), by
-// exhaustive depth-first search: each pod is placed (every device on any GPU, any
-// published profile with enough memory, any free legal placement, within the profile's and
-// the GPU's instance counts) or skipped. Bounds: (1) placed + pods left ≤ best so far, and
-// (2) placed + the most of the pods left whose minimal slot needs fit the free slots ≤ best
-// so far; memoisation: a (pod index, multiset of GPU states) seen before with at least as
-// many placed is cut; identical devices of a pod are placed in non-decreasing (GPU,
-// profile, placement) order. exact is false when the budget ran out.
-func Optimal(c *Cluster, demands []Demand) (best int, exact bool) {
-	return optimum(c, demands, false, OptimalBudget)
-}
-
 // PlacesAll reports whether some assignment places every demand together on an empty
-// one-node cluster: the search of Optimal without its skip branch, stopped at the first
-// complete assignment. exact is false when the budget ran out before an answer.
+// one-node cluster (every GPU of the node; devices of a pod may share a GPU), by exhaustive
+// depth-first search: every device of each pod on any GPU, any published profile with
+// enough memory, any free legal placement, within the profile's and the GPU's instance
+// counts, stopped at the first complete assignment. Cuts: the pods left whose minimal slot
+// needs exceed the free slots; a (pod index, multiset of GPU states) seen before; identical
+// devices of a pod placed in non-decreasing (GPU, profile, placement) order. exact is false
+// when the budget of search nodes ran out before an answer.
 func PlacesAll(c *Cluster, demands []Demand, budget int) (ok, exact bool) {
-	best, exact := optimum(c, demands, true, budget)
-	return best == len(demands), exact || best == len(demands)
-}
-
-func optimum(c *Cluster, demands []Demand, placeAll bool, budget int) (best int, exact bool) {
 	if len(c.Nodes) != 1 {
-		panic("Optimal takes a one-node cluster")
+		panic("PlacesAll takes a one-node cluster")
 	}
 	gpus := c.Nodes[0]
 	type prof struct {
@@ -55,23 +39,19 @@ func optimum(c *Cluster, demands []Demand, placeAll bool, budget int) (best int,
 		count [24]uint8
 	}
 	states := make([]gpuState, len(gpus))
-	minSlots := make([]int, len(demands))
-	for i, d := range demands {
+	// need[i] is the slots the pods from i on need at least.
+	need := make([]int, len(demands)+1)
+	for i := len(demands) - 1; i >= 0; i-- {
+		d := demands[i]
+		slots := 1 << 20 // no profile holds it
 		if s := c.ProfileSlots(d); s > 0 {
-			minSlots[i] = s * d.Devices
-		} else {
-			minSlots[i] = 1 << 20 // no profile holds it
+			slots = s * d.Devices
 		}
-	}
-	// suffix[i] is minSlots[i:], sorted.
-	suffix := make([][]int, len(demands)+1)
-	for i := range demands {
-		suffix[i] = slices.Sorted(slices.Values(minSlots[i:]))
+		need[i] = need[i+1] + slots
 	}
 	capacity := len(gpus) * c.Slots
-	seen := map[string]int{}
+	seen := map[string]bool{}
 	nodes := 0
-	exact = true
 	key := func(i int) string {
 		parts := make([]string, len(states))
 		for g, s := range states {
@@ -87,48 +67,34 @@ func optimum(c *Cluster, demands []Demand, placeAll bool, budget int) (best int,
 		}
 		return n
 	}
-	var search func(i, placed int)
-	var placeDevices func(i, placed, dev, from int)
-	search = func(i, placed int) {
-		nodes++
-		if nodes > budget {
+	exact = true
+	var search func(i int)
+	var placeDevices func(i, dev, from int)
+	search = func(i int) {
+		if nodes++; nodes > budget {
 			exact = false
 			return
 		}
-		best = max(best, placed)
-		if i == len(demands) || placed+len(demands)-i <= best || (placeAll && placed < i) {
+		if i == len(demands) {
+			ok = true
 			return
 		}
-		free, fit := capacity-usedSlots(), 0
-		for _, s := range suffix[i] {
-			if s > free {
-				break
-			}
-			free -= s
-			fit++
-		}
-		if placed+fit <= best || (placeAll && placed+fit < len(demands)) {
+		if need[i] > capacity-usedSlots() {
 			return
 		}
 		k := key(i)
-		if v, ok := seen[k]; ok && v >= placed {
+		if seen[k] {
 			return
 		}
-		seen[k] = placed
-		placeDevices(i, placed, 0, 0)
-		if !placeAll {
-			search(i+1, placed)
-		}
+		seen[k] = true
+		placeDevices(i, 0, 0)
 	}
 	// placeDevices places device dev of pod i at choices numbered from 'from' on.
-	placeDevices = func(i, placed, dev, from int) {
+	placeDevices = func(i, dev, from int) {
 		d := demands[i]
 		if dev == d.Devices {
-			search(i+1, placed+1)
+			search(i + 1)
 			return
-		}
-		if placeAll && best == len(demands) {
-			return // found: stop searching
 		}
 		mem := c.memory(d)
 		choice := 0
@@ -137,7 +103,7 @@ func optimum(c *Cluster, demands []Demand, placeAll bool, budget int) (best int,
 			for k, p := range profs {
 				for _, m := range p.masks {
 					choice++
-					if choice-1 < from || p.mem < mem || s.used&m != 0 ||
+					if ok || choice-1 < from || p.mem < mem || s.used&m != 0 ||
 						(p.instances > 0 && int(s.count[k]) >= p.instances) || (maxGIs > 0 && s.gis >= maxGIs) {
 						continue
 					}
@@ -145,14 +111,14 @@ func optimum(c *Cluster, demands []Demand, placeAll bool, budget int) (best int,
 					s.used |= m
 					s.gis++
 					s.count[k]++
-					placeDevices(i, placed, dev+1, choice-1)
+					placeDevices(i, dev+1, choice-1)
 					*s = old
 				}
 			}
 		}
 	}
-	search(0, 0)
-	return best, exact
+	search(0)
+	return ok, exact || ok
 }
 
 // FillResult is one static fill: a window of trace pods that an optimal assignment places

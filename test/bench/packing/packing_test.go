@@ -105,23 +105,31 @@ func TestFirstFitLowestStart(t *testing.T) {
 	}
 }
 
-func TestOptimalHandCount(t *testing.T) {
+// TestPlacesAllHandCount: the exact search against counts done by hand on one A100-40GB.
+func TestPlacesAllHandCount(t *testing.T) {
 	c := cluster(t, "A100-40GB", 1, false)
-	// One A100-40GB: 3g@0 + 3g@4 = 2 pods of 3g; plus 1g requests cannot fit then. Best of
-	// {3g, 3g, 1g, 1g, 1g, 1g}: 3g@4 + four 1g at 0..3 = 5; two 3g + nothing = 2.
 	g3 := Demand{Devices: 1, MemoryMiB: 15000}
 	g1 := Demand{Devices: 1, MemoryMiB: 4000}
-	if n, exact := Optimal(c, []Demand{g3, g3, g1, g1, g1, g1}); n != 5 || !exact {
-		t.Errorf("optimal %d (exact %v), want 5", n, exact)
-	}
-	// Eight 1g requests: seven 1g placements.
-	d := []Demand{g1, g1, g1, g1, g1, g1, g1, g1}
-	if n, _ := Optimal(c, d); n != 7 {
-		t.Errorf("optimal %d, want 7", n)
-	}
-	// Whole GPU + 1g: one of them.
-	if n, _ := Optimal(c, []Demand{{Devices: 1}, g1}); n != 1 {
-		t.Errorf("optimal %d, want 1", n)
+	for _, tc := range []struct {
+		name    string
+		demands []Demand
+		want    bool
+	}{
+		// 3g@4 + four 1g at 0..3; a second 3g leaves no room for the 1g (3g@0 + 3g@4).
+		{"3g and four 1g", []Demand{g1, g3, g1, g1, g1}, true},
+		{"two 3g and four 1g", []Demand{g3, g3, g1, g1, g1, g1}, false},
+		{"two 3g", []Demand{g3, g3}, true},
+		// Seven 1g placements, not eight.
+		{"seven 1g", []Demand{g1, g1, g1, g1, g1, g1, g1}, true},
+		{"eight 1g", []Demand{g1, g1, g1, g1, g1, g1, g1, g1}, false},
+		// The whole GPU, or a 1g: not both.
+		{"whole GPU", []Demand{{Devices: 1}}, true},
+		{"whole GPU and 1g", []Demand{{Devices: 1}, g1}, false},
+	} {
+		ok, exact := PlacesAll(c, tc.demands, FillBudget)
+		if ok != tc.want || !exact {
+			t.Errorf("%s: PlacesAll %v (exact %v), want %v", tc.name, ok, exact, tc.want)
+		}
 	}
 }
 
