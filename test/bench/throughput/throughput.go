@@ -1,11 +1,13 @@
 // Package throughput measures dynamig-scheduler's scheduling throughput: the real
 // scheduler (test/cluster.StartScheduler) against the in-process etcd and kube-apiserver,
 // with plain Node objects carrying the inventory of 8 simulated A100-40GB GPUs each, fresh
-// heartbeat Leases, and a stand-in device plugin that releases each bound GPU pod's hand-off Lease at once.
+// heartbeat Leases, and a stand-in device plugin that releases each bound GPU pod's hand-off
+// Lease at once.
 //
-// Three scenarios per node count and client QPS: (a) default plugins only, CPU pods; (b)
-// DynamicMIG (the shipped configuration), GPU pods on the MIG nodes; (c) DynamicMIG, CPU
-// pods. Each reports pods bound per second, creation-to-bound latency, the scheduler's
+// Scenarios per node count and client QPS (Scenarios): (a) default plugins only, CPU pods;
+// (b) DynamicMIG (the shipped configuration), GPU pods on the MIG nodes; (c) DynamicMIG,
+// CPU pods; (d) (a) with kube-scheduler's batching off; (e) the allocator behind an HTTP
+// scheduler extender, GPU pods. Each reports pods bound per second, creation-to-bound latency, the scheduler's
 // writes counted at the API server (audit log), and the process's peak RSS.
 package throughput
 
@@ -16,8 +18,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	utilfeature "k8s.io/apiserver/pkg/util/feature"
-	"k8s.io/kubernetes/pkg/features"
 	"os"
 	"os/exec"
 	"runtime"
@@ -35,10 +35,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/features"
 	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
@@ -64,7 +66,7 @@ var (
 
 // Scenario is one of the measured workloads.
 type Scenario struct {
-	Key     string // "a", "b", "c", "d"
+	Key     string // "a" to "e"
 	Name    string
 	Profile Profile
 	GPU     bool
@@ -72,8 +74,8 @@ type Scenario struct {
 	NoBatching bool
 }
 
-// Scenarios are (a), (b), (c) and the reference (d), in their default order: (b) last,
-// since whatever runs after it runs slower (its history in the process's heap).
+// Scenarios are (a), (b), (c) and the references (d) and (e), in their default order: the
+// GPU scenarios last, since whatever runs after one runs slower.
 var Scenarios = []Scenario{
 	{Key: "a", Name: "default plugins, CPU pods", Profile: DefaultPlugins},
 	{Key: "c", Name: "DynamicMIG, CPU pods", Profile: WithDynamicMIG},
@@ -88,8 +90,8 @@ type Config struct {
 	SchedulerConfig string
 	// Nodes are the node counts, run in increasing order (nodes are added, never removed).
 	Nodes []int
-	// Order is the scenario keys in the order they run at each size and QPS (default
-	// a, b, c); scenarios not named are not run.
+	// Order is the scenario keys in the order they run at each size and QPS (default: all
+	// of Scenarios, in its order); scenarios not named are not run.
 	Order []string
 	// Pods is the number of pods of each scenario.
 	Pods int
@@ -169,6 +171,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if len(cfg.Nodes) == 0 || cfg.Pods <= 0 || len(cfg.QPS) == 0 {
 		return nil, errors.New("throughput: nodes, pods and QPS are required")
+	}
+	for _, key := range append(slices.Clone(cfg.Order), cmp.Or(cfg.ProfileScenario, "b")) {
+		if !slices.ContainsFunc(Scenarios, func(sc Scenario) bool { return sc.Key == key }) {
+			return nil, fmt.Errorf("throughput: no scenario %q (known: a, b, c, d, e)", key)
+		}
 	}
 	nodes := slices.Clone(cfg.Nodes)
 	slices.Sort(nodes)

@@ -29,7 +29,7 @@ func main() {
 	schedConfig := flag.String("scheduler-config", "manifests/scheduler-config.yaml", "the shipped KubeSchedulerConfiguration")
 	profile := flag.String("cpuprofile", "throughput-cpu.pprof", "CPU profile of one scenario at the largest size, in -out; empty for none")
 	order := flag.String("scenarios", "a,c,d,b", "the scenarios to run at each size and QPS, in this order")
-	profileScenario := flag.String("profile-scenario", "b", "the scenario -cpuprofile records: a, b or c")
+	profileScenario := flag.String("profile-scenario", "b", "the scenario -cpuprofile records: a, b, c, d or e")
 	timeout := flag.Duration("timeout", 0, "per scenario, from its first create: pods not bound by then are reported as such (0: 5 min + 100 ms per pod)")
 	logPath := flag.String("log", "", "file for the control plane's and scheduler's logs (default: a temporary file, removed on success)")
 	flag.Parse()
