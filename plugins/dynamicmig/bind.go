@@ -118,15 +118,14 @@ func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, ho
 	wait := 20 * time.Millisecond
 	for {
 		changed := pl.leaseChanges.next()
-		cached, err := pl.leases.Get(name)
+		cached, err := pl.handoffLease(name)
 		now := metav1.NewMicroTime(time.Now())
+		var written *coordinationv1.Lease
 		switch {
 		case apierrors.IsNotFound(err):
 			lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: pl.args.LeaseNamespace}}
 			pl.fillHandoff(lease, holder, digest, now)
-			if _, err = leases.Create(ctx, lease, metav1.CreateOptions{}); err == nil {
-				return nil
-			}
+			written, err = leases.Create(ctx, lease, metav1.CreateOptions{})
 		case err != nil:
 		default:
 			current := ptr.Deref(cached.Spec.HolderIdentity, "")
@@ -137,12 +136,17 @@ func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, ho
 			if why == "" {
 				lease := cached.DeepCopy()
 				pl.fillHandoff(lease, holder, digest, now)
-				if _, err = leases.Update(ctx, lease, metav1.UpdateOptions{}); err == nil {
-					return nil
-				}
+				written, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
 			} else {
 				err = fmt.Errorf("%s", why)
 			}
+		}
+		switch {
+		case err == nil:
+			pl.writtenLeases.Store(name, written)
+			return nil
+		case apierrors.IsNotFound(err):
+			pl.writtenLeases.Delete(name) // deleted behind our back: the informer will say
 		}
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
 			klog.FromContext(ctx).V(4).Info("Waiting for the hand-off Lease", "pod", klog.KObj(pod), "lease", name, "reason", err)
@@ -161,6 +165,31 @@ func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, ho
 			wait = min(2*wait, time.Second)
 		}
 	}
+}
+
+// handoffLease is the freshest copy of the node's hand-off Lease this scheduler knows: the
+// informer's, or the one it wrote itself last when the informer has not caught up with
+// that write yet (which would otherwise cost the next bind on the node a refused write).
+func (pl *DynamicMIG) handoffLease(name string) (*coordinationv1.Lease, error) {
+	cached, err := pl.leases.Get(name)
+	w, ok := pl.writtenLeases.Load(name)
+	if !ok {
+		return cached, err
+	}
+	written := w.(*coordinationv1.Lease)
+	if apierrors.IsNotFound(err) || (err == nil && newerVersion(written, cached)) {
+		return written, nil
+	}
+	return cached, err
+}
+
+// newerVersion reports whether a is a later version of the object than b. Resource versions
+// are etcd revisions; they are compared as numbers, as kube-scheduler's assume cache does,
+// and a version that is not a number is never newer.
+func newerVersion(a, b metav1.Object) bool {
+	va, errA := strconv.ParseInt(a.GetResourceVersion(), 10, 64)
+	vb, errB := strconv.ParseInt(b.GetResourceVersion(), 10, 64)
+	return errA == nil && errB == nil && va > vb
 }
 
 func (pl *DynamicMIG) fillHandoff(lease *coordinationv1.Lease, holder, digest string, now metav1.MicroTime) {

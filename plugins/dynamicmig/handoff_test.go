@@ -280,3 +280,24 @@ func bindUnrealised(t *testing.T, e *env, name string) *v1.Pod {
 	})
 	return e.pod(name)
 }
+
+func TestNewerVersion(t *testing.T) {
+	at := func(rv string) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{ResourceVersion: rv}}
+	}
+	for _, tc := range []struct {
+		a, b string
+		want bool
+	}{
+		{"10", "9", true},
+		{"9", "10", false},
+		{"10", "10", false},
+		{"", "9", false},
+		{"10", "", false},
+		{"x", "9", false},
+	} {
+		if got := newerVersion(at(tc.a), at(tc.b)); got != tc.want {
+			t.Errorf("newerVersion(%q, %q) = %v, want %v", tc.a, tc.b, got, tc.want)
+		}
+	}
+}

@@ -55,6 +55,8 @@ type DynamicMIG struct {
 	pods   corelisters.PodLister
 	// leaseTimes are the heartbeat and hand-off Lease expiries per node.
 	leaseTimes *leaseTimes
+	// writtenLeases holds the hand-off Lease this scheduler last wrote, per Lease name.
+	writtenLeases sync.Map
 	// leaseChanges wakes binds waiting for a hand-off Lease on every Lease event.
 	leaseChanges broadcast
 	inventory    *inventoryCache
