@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/dynamig/dynamig/api"
@@ -16,8 +15,13 @@ import (
 // writes it. Only the nvidia section and nodeconfig are interpreted; the other vendors'
 // sections are accepted so that a HAMi ConfigMap can be used as it is.
 type DeviceConfig struct {
-	Nvidia     NvidiaConfig `json:"nvidia"`
+	Nvidia NvidiaConfig `json:"nvidia"`
+	// NodeConfig holds every node's settings, from wherever they were written: the top level,
+	// nvidia.nodeconfig, and a node config file (LoadNodeConfig).
 	NodeConfig []NodeConfig `json:"nodeconfig"`
+	// nodeOrigins says where each NodeConfig entry was written, for the error that names
+	// both places of a node configured twice.
+	nodeOrigins []string
 
 	Cambricon any `json:"cambricon"`
 	Hygon     any `json:"hygon"`
@@ -66,6 +70,9 @@ type NvidiaConfig struct {
 	RuntimeClassName          string `json:"runtimeClassName"`
 	MigStrategy               string `json:"migstrategy"`
 	DisableCoreLimit          string `json:"disablecorelimit"`
+	// NodeConfig here is how HAMi's dynamic-MIG documentation writes per-node settings; it is
+	// merged into DeviceConfig.NodeConfig when parsed, and is empty after.
+	NodeConfig []NodeConfig `json:"nodeconfig,omitempty"`
 }
 
 // AllowlistEntry allows profiles on the GPU models it names. A model is a key of the
@@ -135,12 +142,25 @@ func DefaultMigProfileAllowlist() []AllowlistEntry {
 }
 
 // ParseDeviceConfig parses device-config.yaml over the defaults and validates it. Every
-// error names its field path, e.g. nvidia.migProfileAllowlist[1].profiles[0].
+// error names its field path, e.g. nvidia.migProfileAllowlist[1].profiles[0]. Per-node
+// settings may stand at the top level (nodeconfig) or in the nvidia section
+// (nvidia.nodeconfig, as HAMi's dynamic-MIG documentation writes them); a node named in both
+// is an error naming both places.
 func ParseDeviceConfig(data []byte) (*DeviceConfig, error) {
+	return parseDeviceConfig(data, "")
+}
+
+// parseDeviceConfig is ParseDeviceConfig; file, when known, prefixes the places recorded
+// for a later node config file's conflict errors.
+func parseDeviceConfig(data []byte, file string) (*DeviceConfig, error) {
 	cfg := DefaultDeviceConfig()
 	errs := decodeYAML(data, cfg)
 	if len(errs) == 0 {
+		top, nested := cfg.NodeConfig, cfg.Nvidia.NodeConfig
+		cfg.NodeConfig, cfg.Nvidia.NodeConfig = nil, nil
 		errs = cfg.validate()
+		errs = append(errs, cfg.addNodes(file, field.NewPath("nodeconfig"), top)...)
+		errs = append(errs, cfg.addNodes(file, field.NewPath("nvidia", "nodeconfig"), nested)...)
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("invalid device config: %w", errs.ToAggregate())
@@ -158,11 +178,63 @@ func LoadDeviceConfig(path string) (*DeviceConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading device config: %w", err)
 	}
-	cfg, err := ParseDeviceConfig(data)
+	cfg, err := parseDeviceConfig(data, path)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil
+}
+
+// nodeConfigFile is HAMi's device-plugin config (the hami-device-plugin ConfigMap's
+// config.json): per-node settings only.
+type nodeConfigFile struct {
+	NodeConfig []NodeConfig `json:"nodeconfig"`
+}
+
+// ParseNodeConfig parses HAMi's device-plugin node config, {"nodeconfig": [...]} (JSON, or
+// the same as YAML), and merges its nodes into c. A node that c already configures is an
+// error naming both places; file names the input in errors.
+func (c *DeviceConfig) ParseNodeConfig(data []byte, file string) error {
+	var nc nodeConfigFile
+	errs := decodeYAML(data, &nc)
+	if len(errs) == 0 {
+		errs = c.addNodes(file, field.NewPath("nodeconfig"), nc.NodeConfig)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s: invalid node config: %w", file, errs.ToAggregate())
+	}
+	return nil
+}
+
+// LoadNodeConfig reads a node config file (--node-config) and merges it into c, as
+// ParseNodeConfig does; an empty path changes nothing.
+func (c *DeviceConfig) LoadNodeConfig(path string) error {
+	if path == "" {
+		return nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("reading node config: %w", err)
+	}
+	return c.ParseNodeConfig(data, path)
+}
+
+// addNodes validates the nodes written at path (in file, if known) and adds them to c.
+func (c *DeviceConfig) addNodes(file string, path *field.Path, nodes []NodeConfig) field.ErrorList {
+	errs := validateNodeConfig(path, nodes)
+	for i, n := range nodes {
+		where := path.Index(i).String()
+		if file != "" {
+			where = file + " " + where
+		}
+		if j := slices.IndexFunc(c.NodeConfig, func(o NodeConfig) bool { return n.Name != "" && o.Name == n.Name }); j >= 0 {
+			errs = append(errs, field.Invalid(path.Index(i).Child("name"), n.Name, "this node is configured twice: also at "+c.nodeOrigins[j]))
+			continue
+		}
+		c.NodeConfig = append(c.NodeConfig, n)
+		c.nodeOrigins = append(c.nodeOrigins, where)
+	}
+	return errs
 }
 
 func (c *DeviceConfig) validate() field.ErrorList {
@@ -192,7 +264,7 @@ func (c *DeviceConfig) validate() field.ErrorList {
 	allowErrs, warnings := validateAllowlist(p.Child("migProfileAllowlist"), nv.MigProfileAllowlist)
 	errs = append(errs, allowErrs...)
 	c.Warnings = append(c.Warnings, warnings...)
-	return append(errs, validateNodeConfig(field.NewPath("nodeconfig"), c.NodeConfig)...)
+	return errs
 }
 
 func validateAllowlist(path *field.Path, entries []AllowlistEntry) (field.ErrorList, []string) {
@@ -237,16 +309,11 @@ func validateAllowlist(path *field.Path, entries []AllowlistEntry) (field.ErrorL
 
 func validateNodeConfig(path *field.Path, nodes []NodeConfig) field.ErrorList {
 	var errs field.ErrorList
-	seen := sets.New[string]()
 	for i, n := range nodes {
 		p := path.Index(i)
-		switch {
-		case n.Name == "":
+		if n.Name == "" {
 			errs = append(errs, field.Required(p.Child("name"), "the node's name"))
-		case seen.Has(n.Name):
-			errs = append(errs, field.Duplicate(p.Child("name"), n.Name))
 		}
-		seen.Insert(n.Name)
 		switch n.OperatingMode {
 		case "", api.ModeHAMiCore, api.ModeMIG:
 		case "mps":
@@ -284,19 +351,14 @@ func (c *DeviceConfig) Node(name string) NodeConfig {
 }
 
 // AllowedProfiles returns the profile names the allowlist allows on a GPU of that NVML
-// name, from the first matching entry; ok is false when no entry matches. An entry's model
-// matches when it names the same built-in model as the GPU (by key, NVML name or HAMi
-// string), or, for GPUs outside the table, equals the NVML name. Never by substring.
-// Aliases are mapped to the model's own names (7g.79gb → 7g.80gb on A100-80GB).
+// name, from the first entry with a model that names the GPU (NamesGPU: a model key names
+// every variant, a HAMi model string or NVML name one variant; never by substring); ok is
+// false when no entry does. Aliases are mapped to the model's own names (7g.79gb → 7g.80gb
+// on A100-80GB).
 func (c *NvidiaConfig) AllowedProfiles(nvmlName string) (profiles []string, ok bool) {
 	gpuModel, known := LookupModel(nvmlName)
 	for _, e := range c.MigProfileAllowlist {
-		if !slices.ContainsFunc(e.Models, func(name string) bool {
-			if m, ok := LookupModel(name); ok {
-				return known && m == gpuModel
-			}
-			return sameNVMLName(name, nvmlName)
-		}) {
+		if !slices.ContainsFunc(e.Models, func(name string) bool { return NamesGPU(name, nvmlName) }) {
 			continue
 		}
 		for _, prof := range e.Profiles {
@@ -308,9 +370,4 @@ func (c *NvidiaConfig) AllowedProfiles(nvmlName string) (profiles []string, ok b
 		return profiles, true
 	}
 	return nil, false
-}
-
-func sameNVMLName(a, b string) bool {
-	trim := func(s string) string { return strings.TrimPrefix(strings.TrimSpace(s), "NVIDIA ") }
-	return strings.EqualFold(trim(a), trim(b))
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 )
 
-// defaultAllowlist is DESIGN.md's table, in the models' own profile names.
+// defaultAllowlist is docs/architecture.md's table, in the models' own profile names.
 var defaultAllowlist = map[string][]string{
 	"A30-24GB":                      {"1g.6gb", "2g.12gb", "4g.24gb"},
 	"A100-40GB":                     {"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"},
@@ -146,7 +146,10 @@ func TestParseDeviceConfigErrors(t *testing.T) {
 		{"empty models", "nvidia:\n  migProfileAllowlist:\n  - profiles: [1g.6gb]\n", []string{"nvidia.migProfileAllowlist[0].models: Required"}},
 		{"unknown mode", "nodeconfig:\n- name: n1\n  operatingmode: vgpu\n", []string{"nodeconfig[0].operatingmode", `"vgpu"`}},
 		{"mps mode", "nodeconfig:\n- name: n1\n  operatingmode: mps\n", []string{"nodeconfig[0].operatingmode", "MPS"}},
-		{"duplicate node", "nodeconfig:\n- name: n1\n- name: n1\n", []string{"nodeconfig[1].name: Duplicate"}},
+		{"duplicate node", "nodeconfig:\n- name: n1\n- name: n1\n", []string{`nodeconfig[1].name: Invalid value: "n1": this node is configured twice: also at nodeconfig[0]`}},
+		{"node at top level and under nvidia", "nodeconfig:\n- name: n1\nnvidia:\n  nodeconfig:\n  - name: n0\n  - name: n1\n", []string{`nvidia.nodeconfig[1].name: Invalid value: "n1": this node is configured twice: also at nodeconfig[0]`}},
+		{"nested unknown mode", "nvidia:\n  nodeconfig:\n  - name: n1\n    operatingmode: vgpu\n", []string{"nvidia.nodeconfig[0].operatingmode", `"vgpu"`}},
+		{"nested filter uuid", "nvidia:\n  nodeconfig:\n  - name: n1\n    filterdevices:\n      uuid: [abc]\n", []string{"nvidia.nodeconfig[0].filterdevices.uuid[0]"}},
 		{"bad type", "nvidia:\n  deviceSplitCount: ten\n", []string{"nvidia.deviceSplitCount", `"ten"`, "whole number"}},
 		{"bad bool", "nvidia:\n  overwriteEnv: maybe\n", []string{"nvidia.overwriteEnv"}},
 		{"list expected", "nvidia:\n  migProfileAllowlist: A30\n", []string{"nvidia.migProfileAllowlist", "must be a list"}},

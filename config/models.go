@@ -10,8 +10,8 @@ import (
 	"github.com/dynamig/dynamig/api"
 )
 
-// migHardwareYAML is a copy of ../shared/data/mig-hardware.yaml, the MIG facts per GPU
-// model; a test keeps the two equal.
+// migHardwareYAML is mig-hardware.yaml beside this file, the MIG facts per GPU model: the
+// one copy in the repository (nvml/sim's tests check the simulator against it).
 //
 //go:embed mig-hardware.yaml
 var migHardwareYAML []byte
@@ -132,33 +132,44 @@ func (m *Model) ProfileNames() []string {
 	return out
 }
 
-// hamiModelNames are the model strings of HAMi's default allowlist, mapped to our keys.
-// Matching is by equality, never by substring: "H200" is inside "NVIDIA GH200 480GB".
-var hamiModelNames = map[string]string{
-	"A100-SXM4-40GB":                        "A100-40GB",
-	"A100-40GB-PCIe":                        "A100-40GB",
-	"A100-PCIE-40GB":                        "A100-40GB",
-	"A100-SXM4-80GB":                        "A100-80GB",
-	"A100-80GB-PCIe":                        "A100-80GB",
-	"A100-PCIE-80GB":                        "A100-80GB",
-	"H100-PCIE-80GB":                        "H100-80GB",
-	"H100-SXM5-80GB":                        "H100-80GB",
-	"H100-PCIE-94GB":                        "H100-94GB",
-	"H100-SXM5-94GB":                        "H100-94GB",
-	"H20":                                   "H20-96GB",
-	"H100 on GH200":                         "GH200-96GB",
-	"H200 NVL":                              "H200-141GB",
-	"H200-SXM5":                             "H200-141GB",
-	"B200":                                  "B200-180GB",
-	"RTX PRO 6000 Blackwell Server Edition": "RTX-PRO-6000-Blackwell-Server",
-	"A30":                                   "A30-24GB",
+// hamiModelNames are the model strings of HAMi's default allowlist. Each names one card
+// variant of a model of the table, here by the NVML name that variant reports, so an
+// allowlist entry naming "A100-PCIE-40GB" does not apply to an A100-SXM4-40GB (HAMi keeps
+// them apart too). Matching is by equality, never by substring: "H200" is inside
+// "NVIDIA GH200 480GB". An empty variant is a card the table has no NVML name for; such a
+// string matches no GPU.
+var hamiModelNames = map[string]hamiModel{
+	"A100-SXM4-40GB":                        {"A100-40GB", "NVIDIA A100-SXM4-40GB"},
+	"A100-40GB-PCIe":                        {"A100-40GB", "NVIDIA A100-PCIE-40GB"},
+	"A100-PCIE-40GB":                        {"A100-40GB", "NVIDIA A100-PCIE-40GB"},
+	"A100-SXM4-80GB":                        {"A100-80GB", "NVIDIA A100-SXM4-80GB"},
+	"A100-80GB-PCIe":                        {"A100-80GB", "NVIDIA A100 80GB PCIe"},
+	"A100-PCIE-80GB":                        {"A100-80GB", "NVIDIA A100 80GB PCIe"},
+	"H100-PCIE-80GB":                        {"H100-80GB", "NVIDIA H100 PCIe"},
+	"H100-SXM5-80GB":                        {"H100-80GB", "NVIDIA H100 80GB HBM3"},
+	"H100-PCIE-94GB":                        {"H100-94GB", "NVIDIA H100 NVL"},
+	"H100-SXM5-94GB":                        {"H100-94GB", ""},
+	"H20":                                   {"H20-96GB", "NVIDIA H20"},
+	"H100 on GH200":                         {"GH200-96GB", "NVIDIA GH200 480GB"},
+	"H200 NVL":                              {"H200-141GB", "NVIDIA H200 NVL"},
+	"H200-SXM5":                             {"H200-141GB", "NVIDIA H200"},
+	"B200":                                  {"B200-180GB", "NVIDIA B200"},
+	"RTX PRO 6000 Blackwell Server Edition": {"RTX-PRO-6000-Blackwell-Server", "NVIDIA RTX PRO 6000 Blackwell Server Edition"},
+	"A30":                                   {"A30-24GB", "NVIDIA A30"},
 }
+
+// hamiModel is what one of HAMi's model strings names: a model key and the variant's NVML
+// name.
+type hamiModel struct{ key, variant string }
 
 type modelTable struct {
 	models []Model
 	// byName maps every lower-cased key, NVML name (with and without "NVIDIA ") and HAMi
 	// model string to its model.
 	byName map[string]*Model
+	// byKey maps the lower-cased model keys alone; hami the lower-cased HAMi strings.
+	byKey map[string]*Model
+	hami  map[string]hamiModel
 }
 
 var loadModels = sync.OnceValues(func() (*modelTable, error) {
@@ -173,12 +184,13 @@ func parseModelTable(data []byte) (*modelTable, error) {
 	if errs := decodeYAML(data, &facts); len(errs) > 0 {
 		return nil, fmt.Errorf("MIG hardware facts: %w", errs.ToAggregate())
 	}
-	t := &modelTable{models: facts.Models, byName: map[string]*Model{}}
+	t := &modelTable{models: facts.Models, byName: map[string]*Model{}, byKey: map[string]*Model{}, hami: map[string]hamiModel{}}
 	for i := range t.models {
 		m := &t.models[i]
 		if err := validateModel(m); err != nil {
 			return nil, fmt.Errorf("MIG hardware facts, model %s: %w", m.Key, err)
 		}
+		t.byKey[strings.ToLower(m.Key)] = m
 		names := []string{m.Key}
 		for _, n := range m.NVMLNames {
 			names = append(names, n, strings.TrimPrefix(n, "NVIDIA "))
@@ -187,12 +199,16 @@ func parseModelTable(data []byte) (*modelTable, error) {
 			t.byName[strings.ToLower(n)] = m
 		}
 	}
-	for hami, key := range hamiModelNames {
-		m, ok := t.byName[strings.ToLower(key)]
+	for hami, hm := range hamiModelNames {
+		m, ok := t.byKey[strings.ToLower(hm.key)]
 		if !ok {
-			return nil, fmt.Errorf("HAMi model name %q maps to unknown model %q", hami, key)
+			return nil, fmt.Errorf("HAMi model name %q maps to unknown model %q", hami, hm.key)
+		}
+		if hm.variant != "" && !slices.Contains(m.NVMLNames, hm.variant) {
+			return nil, fmt.Errorf("HAMi model name %q names variant %q, not an NVML name of %s", hami, hm.variant, m.Key)
 		}
 		t.byName[strings.ToLower(hami)] = m
+		t.hami[strings.ToLower(hami)] = hm
 	}
 	return t, nil
 }
@@ -250,6 +266,27 @@ func ModelKeys() []string {
 func LookupModel(name string) (*Model, bool) {
 	m, ok := mustModels().byName[strings.ToLower(strings.TrimSpace(name))]
 	return m, ok
+}
+
+// NamesGPU reports whether an allowlist model string names a GPU of that NVML name. A model
+// key ("A100-40GB") names every variant of the model; one of HAMi's model strings
+// ("A100-PCIE-40GB") or an NVML name ("NVIDIA A100-PCIE-40GB", with or without "NVIDIA ")
+// names that variant alone. Case is ignored; substrings never match.
+func NamesGPU(model, nvmlName string) bool {
+	t, key := mustModels(), strings.ToLower(strings.TrimSpace(model))
+	if m, ok := t.byKey[key]; ok {
+		gpu, known := LookupModel(nvmlName)
+		return known && gpu == m
+	}
+	if hm, ok := t.hami[key]; ok {
+		return hm.variant != "" && sameNVMLName(hm.variant, nvmlName)
+	}
+	return sameNVMLName(model, nvmlName)
+}
+
+func sameNVMLName(a, b string) bool {
+	trim := func(s string) string { return strings.TrimPrefix(strings.TrimSpace(s), "NVIDIA ") }
+	return strings.EqualFold(trim(a), trim(b))
 }
 
 // KnownModelNames lists the keys and NVML names, for error messages.

@@ -1,26 +1,9 @@
 package config
 
 import (
-	"bytes"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 )
-
-// factsFile is the shared facts file the embedded copy must equal.
-const factsFile = "../../shared/data/mig-hardware.yaml"
-
-func TestEmbeddedFactsEqualSharedFile(t *testing.T) {
-	shared, err := os.ReadFile(factsFile)
-	if err != nil {
-		t.Fatalf("the facts file must sit beside the checkout (%s): %v", factsFile, err)
-	}
-	if !bytes.Equal(shared, migHardwareYAML) {
-		abs, _ := filepath.Abs(factsFile)
-		t.Fatalf("config/mig-hardware.yaml differs from %s: copy it over (cp %s config/)", abs, abs)
-	}
-}
 
 func TestModelTable(t *testing.T) {
 	if got := len(Models()); got != 10 {

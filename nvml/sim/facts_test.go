@@ -83,10 +83,10 @@ func loadFacts(t *testing.T) factsFile {
 	if !ok {
 		t.Fatalf("cannot locate the test source file to find the facts file")
 	}
-	path := filepath.Join(filepath.Dir(here), "..", "..", "..", "shared", "data", "mig-hardware.yaml")
+	path := filepath.Join(filepath.Dir(here), "..", "..", "config", "mig-hardware.yaml")
 	data, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("the MIG facts file must be at %s (the repository's ../shared/data/mig-hardware.yaml): %v", path, err)
+		t.Fatalf("the MIG facts file must be at %s: %v", path, err)
 	}
 	var f factsFile
 	if err := yaml.Unmarshal(data, &f); err != nil {

@@ -151,7 +151,7 @@ func TestParseTraceNamesLine(t *testing.T) {
 // TestSmoke runs every experiment at tiny sizes on the real traces, checking after every
 // placement that each policy's reservations are legal and disjoint.
 func TestSmoke(t *testing.T) {
-	rep, err := Run(Config{TraceDir: "../../../../shared/data/traces", GPUs: 10, Loads: []float64{0.5, 2}, MaxPods: 300,
+	rep, err := Run(Config{TraceDir: "testdata/traces", GPUs: 10, Loads: []float64{0.5, 2}, MaxPods: 300,
 		SyntheticPods: 200, NoiseReplays: 2, FillGPUs: 8, FillPods: 10, FillWindows: 2, Check: true})
 	if err != nil {
 		t.Fatal(err)

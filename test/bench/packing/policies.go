@@ -93,7 +93,7 @@ func (u *gpuUse) add(g *placement.GPU, profile string, pl api.Placement) {
 }
 
 // HAMi is HAMi v2.10's MIG placement with its defaults (node policy binpack, GPU policy
-// spread), as ../shared/hami-v2.10.md describes it; written here, not taken from HAMi.
+// spread), as docs/hami-v2.10.md describes it; written here, not taken from HAMi.
 //
 // Nodes are tried by HAMi's node score before the pod, highest first; HAMi breaks ties
 // effectively at random, here the lowest node index wins. On a node the GPUs are ordered

@@ -1,7 +1,7 @@
 // Package packing is the placement-quality benchmark (issue 6, part 1): it replays the
 // Alibaba GPU-sharing trace (cluster-trace-gpu-v2023) and synthetic churn against the
 // real allocator (package placement) and against baselines written here — HAMi v2.10's
-// MIG placement as ../shared/hami-v2.10.md describes it, first-fit, and an exhaustive
+// MIG placement as docs/hami-v2.10.md describes it, first-fit, and an exhaustive
 // optimum for small static fills — and reports acceptance, utilisation and
 // fragmentation.
 package packing

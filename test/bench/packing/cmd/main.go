@@ -17,7 +17,7 @@ import (
 
 func main() {
 	out := flag.String("out", "docs/benchmarks", "directory for packing.md and packing.svg")
-	traces := flag.String("traces", "../shared/data/traces", "directory of the trace CSV files (shared/ beside the checkout; run from the repository root)")
+	traces := flag.String("traces", "test/bench/packing/testdata/traces", "directory of the trace CSV files (run from the repository root)")
 	gpus := flag.Int("gpus", 64, "GPUs of the dynamic replay's cluster")
 	fillGPUs := flag.Int("fill-gpus", 8, "GPUs of the static fill's node")
 	fillPods := flag.Int("fill-pods", 64, "most pods per static-fill window")
