@@ -57,12 +57,13 @@ func TestParseProfileName(t *testing.T) {
 	}
 }
 
-// seedInventory is an A100-PCIE-40GB as the device plugin publishes it.
-const seedInventory = `[{"id":"GPU-1","count":7,"devmem":40192,"devcore":100,"type":"NVIDIA A100-PCIE-40GB","mode":"mig","health":true,` +
+// seedInventory is an A100-PCIE-40GB as the device plugin publishes it: index and numa 0
+// are written out.
+const seedInventory = `[{"id":"GPU-1","index":0,"count":7,"devmem":40192,"devcore":100,"type":"NVIDIA A100-PCIE-40GB","numa":0,"mode":"mig","health":true,` +
 	`"migProfiles":[{"name":"1g.5gb","memoryMB":4864,"core":15,"sliceCount":1,"placements":[{"start":0,"size":1},{"start":6,"size":1}],"instances":7},` +
 	`{"name":"2g.10gb","memoryMB":9856,"core":29,"sliceCount":2,"placements":[{"start":0,"size":2},{"start":2,"size":2},{"start":4,"size":2}],"instances":3}],` +
 	`"model":"A100-40GB","slots":8},` +
-	`{"id":"GPU-2","index":1,"count":10,"devmem":40960,"devcore":100,"type":"NVIDIA A100-PCIE-40GB","mode":"hami-core","health":true}]`
+	`{"id":"GPU-2","index":1,"count":10,"devmem":40960,"devcore":100,"type":"NVIDIA A100-PCIE-40GB","numa":0,"mode":"hami-core","health":true}]`
 
 func TestDecodeInventory(t *testing.T) {
 	gpus, err := DecodeInventory(seedInventory)

@@ -9,12 +9,13 @@ import (
 )
 
 // GPU is one entry of the node inventory annotation (hami.io/node-nvidia-register). Field
-// names and omitempty follow HAMi v2.10's DeviceInfo; MigProfiles, Model and Slots are
-// additions that HAMi's tools ignore.
+// names follow HAMi v2.10's DeviceInfo, and so does omitempty except on index and numa,
+// whose 0 is a value (HAMi's decoders read an absent one as 0 too); MigProfiles, Model,
+// Slots and Unusable are additions that HAMi's tools ignore.
 type GPU struct {
 	// ID is the GPU UUID ("GPU-…").
 	ID    string `json:"id,omitempty"`
-	Index uint   `json:"index,omitempty"`
+	Index uint   `json:"index"`
 	// Count is the number of devices the GPU offers: MIG, its most concurrent instances;
 	// hami-core, deviceSplitCount.
 	Count int `json:"count,omitempty"`
@@ -24,7 +25,7 @@ type GPU struct {
 	Devcore int `json:"devcore,omitempty"`
 	// Type is the NVML name, e.g. "NVIDIA A100-PCIE-40GB".
 	Type   string `json:"type,omitempty"`
-	Numa   int    `json:"numa,omitempty"`
+	Numa   int    `json:"numa"`
 	Mode   string `json:"mode,omitempty"`
 	Health bool   `json:"health,omitempty"`
 	// MigProfiles lists the allowlisted profiles that NVML reports, MIG GPUs only.
@@ -33,6 +34,9 @@ type GPU struct {
 	Model string `json:"model,omitempty"`
 	// Slots is the number of memory slots placements are counted in (8, 4 or 12).
 	Slots int `json:"slots,omitempty"`
+	// Unusable says why the GPU cannot serve pods in its mode (a hami-core GPU with MIG mode
+	// on, a MIG GPU with MIG mode off); such a GPU offers no devices (count 0).
+	Unusable string `json:"unusable,omitempty"`
 }
 
 // MigProfile is one GPU-instance profile a MIG GPU offers.

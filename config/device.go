@@ -49,7 +49,9 @@ type NvidiaConfig struct {
 	// DefaultMemory is the MiB per device of a request that names neither gpumem nor
 	// gpumem-percentage; 0 means the whole device (on MIG, the full-GPU profile).
 	DefaultMemory int `json:"defaultMemory"`
-	// DefaultCores is the gpucores percentage of a request that names none.
+	// DefaultCores is the gpucores percentage of a request that names none (HAMi applies it
+	// the same way): on hami-core the share's SM limit, on MIG the least SM share of the
+	// profile; 100 makes every such share exclusive.
 	DefaultCores int `json:"defaultCores"`
 	// DefaultGPUNum is the nvidia.com/gpu count given to a container that asks for gpumem
 	// or gpucores alone (HAMi's webhook); dynamig refuses such containers instead.

@@ -80,8 +80,27 @@ func describe(logger klog.Logger, res *Result, dev nvml.Device, cfg *config.Devi
 		err = res.describeMIG(logger, dev, &cfg.Nvidia, &gpu)
 	} else {
 		describeHAMiCore(&cfg.Nvidia, node, &gpu, memoryMiB)
+		err = res.refuseHAMiCoreInMIGMode(logger, dev, &gpu)
 	}
 	return gpu, err
+}
+
+// refuseHAMiCoreInMIGMode marks a hami-core GPU whose MIG mode is on unusable: CUDA cannot
+// use a GPU in MIG mode whole, so a share of it would run nowhere.
+func (r *Result) refuseHAMiCoreInMIGMode(logger klog.Logger, dev nvml.Device, gpu *api.GPU) error {
+	current, _, err := dev.MigMode()
+	switch {
+	case nvml.IsCode(err, nvml.ErrorNotSupported):
+		return nil
+	case err != nil:
+		return err
+	case !current:
+		return nil
+	}
+	gpu.Count = 0
+	gpu.Unusable = fmt.Sprintf("MIG mode is on, and a GPU in MIG mode cannot serve hami-core shares: turn MIG mode off (nvidia-smi -i %d -mig 0, then reset the GPU) or make the node operatingmode mig", gpu.Index)
+	r.addFinding(logger, "GPU %d (%s, %s) is on a hami-core node but unusable: %s", gpu.Index, gpu.ID, gpu.Type, gpu.Unusable)
+	return nil
 }
 
 // libraryError is a failure of NVML itself rather than of one GPU.
@@ -171,11 +190,11 @@ func (r *Result) describeMIG(logger klog.Logger, dev nvml.Device, nv *config.Nvi
 		return err
 	}
 	if err != nil || !current {
-		reason := "MIG mode is off"
+		gpu.Unusable = fmt.Sprintf("MIG mode is off: turn it on (nvidia-smi -i %d -mig 1, or the device plugin's --enable-mig-mode) or make the node operatingmode hami-core", gpu.Index)
 		if err != nil {
-			reason = "the GPU does not support MIG"
+			gpu.Unusable = "the GPU does not support MIG: make the node operatingmode hami-core"
 		}
-		r.addFinding(logger, "GPU %d (%s, %s) is on a mig node but %s: published with no MIG profiles, so it gets no MIG pods", gpu.Index, gpu.ID, gpu.Type, reason)
+		r.addFinding(logger, "GPU %d (%s, %s) is on a mig node but unusable: %s", gpu.Index, gpu.ID, gpu.Type, gpu.Unusable)
 		return nil
 	}
 	profiles, err := dev.GpuInstanceProfiles()

@@ -62,8 +62,8 @@ func TestEveryModelPublishesItsDefaultProfiles(t *testing.T) {
 						t.Errorf("%s: published %+v; facts %+v (core %d)", p.Name, p, want, core)
 					}
 				}
-				// config's tests hold the default allowlist to DESIGN.md's table.
-				want, _ := config.DefaultDeviceConfig().Nvidia.AllowedProfiles(m.Key)
+				// config's tests hold the default allowlist to docs/architecture.md's table.
+				want, _ := config.DefaultDeviceConfig().Nvidia.AllowedProfiles(nvmlName)
 				if len(want) == 0 || !reflect.DeepEqual(names, want) {
 					t.Errorf("profiles %v, want %v", names, want)
 				}
@@ -108,17 +108,25 @@ nodeconfig:
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := discover(t, cfg, "core-node", sim.GPUSpec{Model: "A100-40GB"}, sim.GPUSpec{Model: "A100-40GB"})
+	res := discover(t, cfg, "core-node", sim.GPUSpec{Model: "A100-40GB", MigDisabled: true}, sim.GPUSpec{Model: "A100-40GB", MigDisabled: true})
 	if len(res.GPUs) != 1 || len(res.Findings) != 1 || !strings.Contains(res.Findings[0], "excluded") {
 		t.Fatalf("filter: %+v %v", res.GPUs, res.Findings)
 	}
 	g := res.GPUs[0]
-	if g.Mode != api.ModeHAMiCore || g.Count != 4 || g.Devmem != 40960*3/2 || g.Devcore != 100 || len(g.MigProfiles) != 0 {
+	if g.Mode != api.ModeHAMiCore || g.Count != 4 || g.Devmem != 40960*3/2 || g.Devcore != 100 || len(g.MigProfiles) != 0 || g.Unusable != "" {
 		t.Errorf("hami-core GPU: %+v", g)
 	}
-	// A mig node whose GPU has MIG mode off publishes it without profiles, and says why.
+	// A hami-core node whose GPU has MIG mode on publishes it unusable (no shares), and
+	// says why.
+	res = discover(t, cfg, "core-node", sim.GPUSpec{Model: "A100-40GB"})
+	if g := res.GPUs[0]; g.Mode != api.ModeHAMiCore || g.Count != 0 || !strings.Contains(g.Unusable, "MIG mode is on") ||
+		len(res.Findings) != 1 || !strings.Contains(res.Findings[0], "unusable: MIG mode is on") {
+		t.Errorf("hami-core with MIG on: %+v %v", res.GPUs, res.Findings)
+	}
+	// A mig node whose GPU has MIG mode off publishes it without profiles, unusable, and
+	// says why.
 	res = discover(t, cfg, "mig-node", sim.GPUSpec{Model: "A100-40GB", MigDisabled: true})
-	if g := res.GPUs[0]; g.Mode != api.ModeMIG || len(g.MigProfiles) != 0 || g.Count != 0 ||
+	if g := res.GPUs[0]; g.Mode != api.ModeMIG || len(g.MigProfiles) != 0 || g.Count != 0 || !strings.Contains(g.Unusable, "MIG mode is off") ||
 		len(res.Findings) != 1 || !strings.Contains(res.Findings[0], "MIG mode is off") {
 		t.Errorf("MIG off: %+v %v", res.GPUs, res.Findings)
 	}

@@ -31,6 +31,15 @@ type GPUSpec struct {
 	MigDisabled bool
 }
 
+// SetMIGModeFor starts each GPU with the MIG mode an admin leaves it in on a node of that
+// operating mode: off on a hami-core node (CUDA cannot use a GPU in MIG mode whole), on
+// otherwise.
+func SetMIGModeFor(specs []GPUSpec, nodeMode string) {
+	for i := range specs {
+		specs[i].MigDisabled = nodeMode == api.ModeHAMiCore
+	}
+}
+
 // Options tunes the whole simulator.
 type Options struct {
 	// Seed makes GPU and MIG UUIDs deterministic; a node name is a good seed.

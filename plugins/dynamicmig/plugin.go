@@ -99,6 +99,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 			HAMiCorePolicy:     args.HAMiCoreGPUSchedulerPolicy,
 			FragmentationAware: *args.FragmentationAware,
 			DefaultMemory:      device.Nvidia.DefaultMemory,
+			DefaultCores:       device.Nvidia.DefaultCores,
 		},
 		inventory:    newInventoryCache(),
 		fits:         newFitCache(),

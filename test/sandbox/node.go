@@ -97,6 +97,7 @@ func (s *Sandbox) newNode(cfg NodeConfig) (*node, error) {
 	for i, g := range cfg.GPUs {
 		specs[i] = sim.GPUSpec{Model: g}
 	}
+	sim.SetMIGModeFor(specs, cfg.Mode)
 	if n.gpus, err = sim.New(sim.Options{Seed: cfg.Name}, specs...); err != nil {
 		return n, err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/nvml"
 	"github.com/dynamig/dynamig/nvml/gonvml"
 	"github.com/dynamig/dynamig/nvml/sim"
@@ -92,6 +93,29 @@ func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
 	}
 }
 
+// configFlags name the device config and the node config file, which both commands read.
+type configFlags struct {
+	deviceConfig, nodeConfig string
+}
+
+func (f *configFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.deviceConfig, "config", "", "device-config.yaml (HAMi's device ConfigMap content); default: HAMi v2.10's defaults")
+	cmd.Flags().StringVar(&f.nodeConfig, "node-config", "", `per-node settings in HAMi's device-plugin form, {"nodeconfig": [...]} (JSON or YAML), merged over --config's; a node configured in both is an error`)
+}
+
+// load reads the device config and merges the node config file into it; a bad file is a
+// usage error.
+func (f *configFlags) load() (*config.DeviceConfig, error) {
+	cfg, err := config.LoadDeviceConfig(f.deviceConfig)
+	if err == nil {
+		err = cfg.LoadNodeConfig(f.nodeConfig)
+	}
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return cfg, nil
+}
+
 // nvmlFlags selects and builds the NVML backend.
 type nvmlFlags struct {
 	backend string
@@ -102,12 +126,13 @@ type nvmlFlags struct {
 
 func (f *nvmlFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.backend, "nvml", "real", `NVML backend: "real" (libnvidia-ml through go-nvml) or "sim" (simulated GPUs, see --sim-gpus)`)
-	cmd.Flags().StringVar(&f.simGPUs, "sim-gpus", "", "with --nvml=sim: the simulated GPUs as MODEL[:COUNT],... where MODEL is a model key (A100-40GB) or an NVML name (NVIDIA A100-PCIE-40GB)")
+	cmd.Flags().StringVar(&f.simGPUs, "sim-gpus", "", "with --nvml=sim: the simulated GPUs as MODEL[:COUNT],... where MODEL is a model key (A100-40GB) or an NVML name (NVIDIA A100-PCIE-40GB); MIG mode is on, except on a node that nodeconfig makes hami-core")
 }
 
 // open validates the flags and returns an initialised library; seed makes simulated UUIDs
-// stable per node.
-func (f *nvmlFlags) open(seed string) (nvml.Interface, error) {
+// stable per node, and the simulated GPUs of a node configured hami-core start with MIG mode
+// off, as its admin leaves them (the others with MIG mode on).
+func (f *nvmlFlags) open(seed string, node config.NodeConfig) (nvml.Interface, error) {
 	if f.given != nil {
 		return noShutdown{f.given}, nil
 	}
@@ -126,6 +151,7 @@ func (f *nvmlFlags) open(seed string) (nvml.Interface, error) {
 		if err != nil {
 			return nil, usagef("--sim-gpus: %v", err)
 		}
+		sim.SetMIGModeFor(specs, node.OperatingMode)
 		s, err := sim.New(sim.Options{Seed: seed}, specs...)
 		if err != nil {
 			return nil, usagef("--sim-gpus: %v", err)

@@ -67,7 +67,7 @@ func TestDiscoverEveryModel(t *testing.T) {
 			if err != nil {
 				t.Fatalf("output is not a valid inventory: %v\n%s", err, stdout)
 			}
-			allowed, _ := config.DefaultDeviceConfig().Nvidia.AllowedProfiles(m.Key)
+			allowed, _ := config.DefaultDeviceConfig().Nvidia.AllowedProfiles(m.NVMLNames[0])
 			full := m.FullProfile()
 			var got []string
 			for _, p := range gpus[0].MigProfiles {
@@ -108,6 +108,42 @@ func TestDiscoverWithConfig(t *testing.T) {
 	code, _, stderr = run("discover", "--nvml=sim", "--sim-gpus=A100-40GB", "--config="+path)
 	if code != 2 || !strings.Contains(stderr, "replace it with migProfileAllowlist") {
 		t.Errorf("legacy config: exit %d %s", code, stderr)
+	}
+}
+
+// TestDiscoverExampleDeviceConfig: the device ConfigMap content of HAMi's dynamic-MIG
+// documentation (nodeconfig under nvidia), verbatim, gives nodeB mode mig and nodeA
+// hami-core; HAMi's device-plugin config.json is taken by --node-config, and a node
+// configured in both is refused naming both places.
+func TestDiscoverExampleDeviceConfig(t *testing.T) {
+	const devCfg, nodeCfg = "../../../examples/config/device-config.yaml", "../../../examples/config/node-config.json"
+	for _, tc := range []struct {
+		node, mode string
+		args       []string
+	}{
+		{"nodeB", api.ModeMIG, nil},
+		{"nodeA", api.ModeHAMiCore, nil},
+		{"MIG-NODE-A", api.ModeMIG, []string{"--node-config=" + nodeCfg}},
+	} {
+		t.Run(tc.node, func(t *testing.T) {
+			code, stdout, stderr := run(append([]string{"discover", "--nvml=sim", "--sim-gpus=A100-40GB", "--config=" + devCfg, "--node-name=" + tc.node, "-o", "json"}, tc.args...)...)
+			if code != 0 {
+				t.Fatal(stderr)
+			}
+			gpus, err := api.DecodeInventory(stdout)
+			if err != nil || len(gpus) != 1 || gpus[0].Mode != tc.mode || gpus[0].Unusable != "" || gpus[0].Count == 0 {
+				t.Errorf("%s: %v %+v", tc.node, err, gpus)
+			}
+		})
+	}
+	dir := t.TempDir()
+	conflict := dir + "/node-config.json"
+	if err := os.WriteFile(conflict, []byte(`{"nodeconfig": [{"name": "nodeB", "operatingmode": "hami-core"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := run("discover", "--nvml=sim", "--sim-gpus=A100-40GB", "--config="+devCfg, "--node-config="+conflict, "--node-name=nodeB")
+	if code != 2 || !strings.Contains(stderr, `nodeconfig[0].name: Invalid value: "nodeB": this node is configured twice: also at `+devCfg+` nvidia.nodeconfig[1]`) {
+		t.Errorf("conflict: exit %d, %s", code, stderr)
 	}
 }
 

@@ -11,15 +11,14 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/dynamig/dynamig/api"
-	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/deviceplugin/inventory"
 )
 
 type discoverOptions struct {
-	nvml       nvmlFlags
-	configFile string
-	nodeName   string
-	output     string
+	nvml     nvmlFlags
+	config   configFlags
+	nodeName string
+	output   string
 }
 
 func newDiscoverCommand(opts *options) *cobra.Command {
@@ -31,13 +30,14 @@ func newDiscoverCommand(opts *options) *cobra.Command {
 the node inventory the device plugin would publish: per GPU its mode and, for MIG GPUs, the
 allowlisted profiles with memory, core share, instance count and legal placements.`,
 		Example: `  dynamig-device-plugin discover --nvml=sim --sim-gpus=A100-40GB:2,H100-80GB:1 -o table
-  dynamig-device-plugin discover --config /etc/dynamig/device-config.yaml -o json`,
+  dynamig-device-plugin discover --config /etc/dynamig/device-config.yaml -o json
+  dynamig-device-plugin discover --config device-config.yaml --node-config node-config.json --node-name "$NODE_NAME"`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
 	}
 	o.nvml.register(cmd)
 	o.nvml.given = opts.lib
-	cmd.Flags().StringVar(&o.configFile, "config", "", "device-config.yaml (HAMi's device ConfigMap content); default: HAMi v2.10's defaults")
+	o.config.register(cmd)
 	cmd.Flags().StringVar(&o.nodeName, "node-name", defaultNodeName(), "the node whose nodeconfig applies (default: $NODE_NAME, else the host name)")
 	cmd.Flags().StringVarP(&o.output, "output", "o", "table", `output format: "json" (the annotation's content) or "table"`)
 	return cmd
@@ -47,14 +47,14 @@ func (o *discoverOptions) run(cmd *cobra.Command) error {
 	if o.output != "json" && o.output != "table" {
 		return usagef(`--output must be "json" or "table", not %q`, o.output)
 	}
-	cfg, err := config.LoadDeviceConfig(o.configFile)
+	cfg, err := o.config.load()
 	if err != nil {
-		return usageError{err}
+		return err
 	}
 	for _, w := range cfg.Warnings {
 		fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s\n", w)
 	}
-	lib, err := o.nvml.open(o.nodeName)
+	lib, err := o.nvml.open(o.nodeName, cfg.Node(o.nodeName))
 	if err != nil {
 		return err
 	}

@@ -20,14 +20,13 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dynamig/dynamig/api"
-	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/deviceplugin/daemon"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
 )
 
 type runOptions struct {
 	nvml           nvmlFlags
-	configFile     string
+	config         configFlags
 	nodeName       string
 	kubeconfig     string
 	socketDir      string
@@ -55,7 +54,7 @@ instances of pods that ended.`,
 	o.nvml.register(cmd)
 	o.nvml.given = opts.lib
 	f := cmd.Flags()
-	f.StringVar(&o.configFile, "config", "", "device-config.yaml (HAMi's device ConfigMap content); default: HAMi v2.10's defaults")
+	o.config.register(cmd)
 	f.StringVar(&o.nodeName, "node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the host name)")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; default: the in-cluster configuration")
 	f.StringVar(&o.socketDir, "kubelet-socket-dir", pluginapi.DevicePluginPath, "kubelet's device-plugin socket directory")
@@ -72,9 +71,9 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 	if o.nodeName == "" {
 		return usagef("--node-name is required (or NODE_NAME)")
 	}
-	cfg, err := config.LoadDeviceConfig(o.configFile)
+	cfg, err := o.config.load()
 	if err != nil {
-		return usageError{err}
+		return err
 	}
 	restConfig, err := o.restConfig()
 	if err != nil {
@@ -84,7 +83,7 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	lib, err := o.nvml.open(o.nodeName)
+	lib, err := o.nvml.open(o.nodeName, cfg.Node(o.nodeName))
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,9 @@ type ContainerRequest struct {
 type Options struct {
 	MIGPolicy, HAMiCorePolicy string
 	FragmentationAware        bool
-	DefaultMemory             int
+	// DefaultMemory and DefaultCores are the device config's defaultMemory and
+	// defaultCores, for a container that names no memory or no cores.
+	DefaultMemory, DefaultCores int
 }
 
 // GPU is one GPU of a node with what is reserved on it.
@@ -149,6 +151,9 @@ func eligible(g *GPU, mode string, req *Request) refusal {
 		slices.Contains(req.NoUseUUIDs, info.ID):
 		return refusal{reason: ReasonNotSelected, detail: fmt.Sprintf("%s (%s) is excluded by the pod's GPU type or UUID annotations", info.ID, info.Type)}
 	}
+	if info.Unusable != "" {
+		return refusal{reason: ReasonUnusable, detail: fmt.Sprintf("%s (%s, %s): %s", info.ID, info.Type, info.Mode, info.Unusable)}
+	}
 	if mode == api.ModeMIG && len(info.MigProfiles) == 0 {
 		return refusal{reason: ReasonNoMIGGPU, detail: fmt.Sprintf("%s publishes no MIG profile (MIG mode off, or no allowlist entry for %s)", info.ID, info.Type)}
 	}
@@ -204,7 +209,7 @@ func fitMIG(gpus []GPU, req *Request, opts Options) (*Result, refusal) {
 				if s == nil {
 					continue
 				}
-				demand := migDemand{memoryMiB: deviceMemory(c, s.g.fullMemory(), opts.DefaultMemory), cores: c.Cores}
+				demand := migDemand{memoryMiB: deviceMemory(c, s.g.fullMemory(), opts.DefaultMemory), cores: deviceCores(c, opts.DefaultCores)}
 				choice, r := s.g.choose(&s.u, demand, opts.FragmentationAware, false)
 				if r.reason != ReasonNone {
 					continue
@@ -220,7 +225,7 @@ func fitMIG(gpus []GPU, req *Request, opts Options) (*Result, refusal) {
 					if s == nil {
 						continue
 					}
-					demand := migDemand{memoryMiB: deviceMemory(c, s.g.fullMemory(), opts.DefaultMemory), cores: c.Cores}
+					demand := migDemand{memoryMiB: deviceMemory(c, s.g.fullMemory(), opts.DefaultMemory), cores: deviceCores(c, opts.DefaultCores)}
 					_, r := s.g.choose(&s.u, demand, opts.FragmentationAware, true)
 					deviceWhy = deviceWhy.closer(refusal{reason: r.reason, detail: gpus[i].Info.ID + ": " + r.detail})
 				}
@@ -274,6 +279,15 @@ func betterMIG(a, b *migCandidate, spread bool) bool {
 }
 
 // deviceMemory resolves a device's memory against a device of deviceMiB.
+// deviceCores is the cores percentage a device needs: the container's, else the device
+// config's defaultCores (HAMi's default for a request that names no gpucores).
+func deviceCores(c ContainerRequest, defaultCores int) int {
+	if c.Cores > 0 {
+		return c.Cores
+	}
+	return defaultCores
+}
+
 func deviceMemory(c ContainerRequest, deviceMiB, defaultMemory int) int {
 	switch {
 	case c.MemoryMiB > 0:
@@ -336,16 +350,16 @@ func fitHAMiCore(gpus []GPU, req *Request, opts Options) (*Result, refusal) {
 				if used[i] {
 					continue
 				}
-				mem := deviceMemory(c, gpus[i].Info.Devmem, opts.DefaultMemory)
-				if r := fitShare(&gpus[i], usage[i], mem, c.Cores); r.reason != ReasonNone {
+				mem, cores := deviceMemory(c, gpus[i].Info.Devmem, opts.DefaultMemory), deviceCores(c, opts.DefaultCores)
+				if r := fitShare(&gpus[i], usage[i], mem, cores); r.reason != ReasonNone {
 					deviceWhy = deviceWhy.closer(refusal{reason: r.reason, detail: gpus[i].Info.ID + ": " + r.detail})
 					continue
 				}
-				usage[i].add(Share{MemoryMiB: mem, Cores: c.Cores}, gpus[i].Info.Devcore)
+				usage[i].add(Share{MemoryMiB: mem, Cores: cores}, gpus[i].Info.Devcore)
 				used[i] = true
 				res.Assignments = append(res.Assignments, Assignment{
 					ContainerIndex: c.Index, DeviceIndex: d, GPU: i, GPUUUID: gpus[i].Info.ID, Mode: api.ModeHAMiCore,
-					MemoryMiB: mem, Cores: c.Cores,
+					MemoryMiB: mem, Cores: cores,
 				})
 				placed = true
 				break

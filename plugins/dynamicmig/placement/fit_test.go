@@ -154,6 +154,8 @@ func TestRequestResolution(t *testing.T) {
 		{"cores shape the profile", ContainerRequest{Devices: 1, MemoryMiB: 1000, Cores: 30}, defaultOpts, "3g.20gb"},
 		{"exact core share", ContainerRequest{Devices: 1, MemoryMiB: 1000, Cores: 29}, defaultOpts, "2g.10gb"},
 		{"all cores", ContainerRequest{Devices: 1, MemoryMiB: 1000, Cores: 100}, defaultOpts, "7g.40gb"},
+		{"default cores shape the profile", ContainerRequest{Devices: 1, MemoryMiB: 1000}, Options{FragmentationAware: true, DefaultCores: 30}, "3g.20gb"},
+		{"the container's cores win over the default", ContainerRequest{Devices: 1, MemoryMiB: 1000, Cores: 10}, Options{FragmentationAware: true, DefaultCores: 30}, "1g.5gb"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := mustFit(t, gpus, &Request{Mode: api.ModeMIG, Containers: []ContainerRequest{tc.c}}, tc.opts)
@@ -244,14 +246,24 @@ func TestRefusalReasons(t *testing.T) {
 		{"no GPU at all", nil, migPod(1, 4000), ReasonNoMIGGPU},
 		{"type not selected", a100(), &Request{Mode: api.ModeMIG, UseTypes: []string{"H100"}, Containers: []ContainerRequest{{Devices: 1, MemoryMiB: 1}}}, ReasonNotSelected},
 		{"more devices than fit", a100(), migPod(4, 19000), ReasonPlacementsTaken},
+		{"hami-core GPU in MIG mode", unusable(api.ModeHAMiCore, "MIG mode is on"), &Request{Mode: api.ModeHAMiCore, Containers: []ContainerRequest{{Devices: 1, MemoryMiB: 1000}}}, ReasonUnusable},
+		{"MIG GPU with MIG mode off", unusable(api.ModeMIG, "MIG mode is off"), migPod(1, 4000), ReasonUnusable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, why := Fit(tc.gpus, tc.req, defaultOpts)
 			if why == nil || why.Reason != tc.want {
 				t.Errorf("got %v, want %q", why, tc.want)
 			}
+			if why != nil && why.Reason == ReasonUnusable && !strings.Contains(why.Detail, tc.gpus[0].Info.Unusable) {
+				t.Errorf("the refusal does not say why the GPU is unusable: %v", why)
+			}
 		})
 	}
+}
+
+// unusable is one A100 of a node of that mode that the device plugin published unusable.
+func unusable(mode, why string) []GPU {
+	return []GPU{{Info: api.GPU{ID: "GPU-u", Type: "NVIDIA A100-PCIE-40GB", Mode: mode, Health: true, Devmem: 40960, Devcore: 100, Unusable: why}}}
 }
 
 func TestMediaEngineRules(t *testing.T) {

@@ -8,6 +8,7 @@ type Reason string
 const (
 	ReasonNone            Reason = ""
 	ReasonNoGPU           Reason = "no GPU of the requested mode"
+	ReasonUnusable        Reason = "GPU unusable in its node's mode"
 	ReasonNotSelected     Reason = "no GPU of the requested type or UUID"
 	ReasonNoMIGGPU        Reason = "no MIG-capable GPU of the allowed type"
 	ReasonNoProfile       Reason = "no allowlisted MIG profile big enough"
@@ -18,8 +19,8 @@ const (
 )
 
 var reasonRank = map[Reason]int{
-	ReasonNone: 0, ReasonNoGPU: 1, ReasonNotSelected: 2, ReasonNoMIGGPU: 3, ReasonNoProfile: 4,
-	ReasonShareLimit: 5, ReasonPlacementsTaken: 6, ReasonInstanceLimit: 7, ReasonFragmented: 8,
+	ReasonNone: 0, ReasonNoGPU: 1, ReasonUnusable: 2, ReasonNotSelected: 3, ReasonNoMIGGPU: 4, ReasonNoProfile: 5,
+	ReasonShareLimit: 6, ReasonPlacementsTaken: 7, ReasonInstanceLimit: 8, ReasonFragmented: 9,
 }
 
 // refusal is one reason with its node-specific detail.
