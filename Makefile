@@ -11,16 +11,18 @@ BIN := bin
 # "context deadline exceeded" at its end (go.dev/issue/75804, fixed in Go 1.27).
 FUZZTIME ?= 200000x
 # Packages with concurrency run under the race detector.
-RACE_PKGS := ./nvml/... ./plugins/... ./deviceplugin/...
+RACE_PKGS := ./nvml/... ./plugins/... ./deviceplugin/... ./webhook/...
 # package:FuzzTarget pairs, one decoder of external input each.
 FUZZ_TARGETS := \
 	./api:FuzzDecodeInventory \
 	./api:FuzzDecodeMigReservations \
 	./api:FuzzDecodeHAMiCoreDevices \
 	./config:FuzzParseDeviceConfig \
+	./config:FuzzParseNodeConfig \
 	./plugins/dynamicmig/request:FuzzParsePod \
 	./deviceplugin/checkpoint:FuzzDecode \
-	./nvml/sim:FuzzParseGPUList
+	./nvml/sim:FuzzParseGPUList \
+	./webhook:FuzzHandle
 
 .PHONY: all build test unit race fuzz lint demo clean bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender kubectl
 
@@ -49,8 +51,9 @@ fuzz:
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	@# api, config, nvml and the allocator must not link k8s.io/kubernetes (DESIGN.md).
-	@for p in ./api/... ./config/... ./nvml/... ./plugins/dynamicmig/placement/... ./plugins/dynamicmig/request/...; do \
+	@# api, config, nvml, the allocator and the webhook must not link k8s.io/kubernetes
+	@# (docs/architecture.md).
+	@for p in ./api/... ./config/... ./nvml/... ./plugins/dynamicmig/placement/... ./plugins/dynamicmig/request/... ./webhook/... ./cmd/dynamig-webhook/...; do \
 		if $(GO) list -deps -test $$p | grep -q '^k8s.io/kubernetes/'; then echo "$$p links k8s.io/kubernetes"; exit 1; fi; \
 	done
 

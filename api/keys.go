@@ -63,6 +63,10 @@ const (
 	PolicySpread  = "spread"
 )
 
+// DefaultSchedulerName is the schedulerName of dynamig-scheduler's profile, which GPU pods
+// name (the webhook sets it on those that name none).
+const DefaultSchedulerName = "dynamig-scheduler"
+
 // Hand-off and heartbeat Leases.
 const (
 	DefaultSystemNamespace = "dynamig-system"

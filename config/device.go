@@ -199,10 +199,12 @@ type nodeConfigFile struct {
 func (c *DeviceConfig) ParseNodeConfig(data []byte, file string) error {
 	var nc nodeConfigFile
 	errs := decodeYAML(data, &nc)
+	n := len(c.NodeConfig)
 	if len(errs) == 0 {
 		errs = c.addNodes(file, field.NewPath("nodeconfig"), nc.NodeConfig)
 	}
 	if len(errs) > 0 {
+		c.NodeConfig, c.nodeOrigins = c.NodeConfig[:n], c.nodeOrigins[:n] // all or nothing
 		return fmt.Errorf("%s: invalid node config: %w", file, errs.ToAggregate())
 	}
 	return nil

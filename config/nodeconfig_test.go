@@ -175,3 +175,37 @@ func TestAllowlistByVariant(t *testing.T) {
 		})
 	}
 }
+
+func FuzzParseNodeConfig(f *testing.F) {
+	if data, err := os.ReadFile("../examples/config/node-config.json"); err == nil {
+		f.Add(data)
+	}
+	f.Add([]byte(`{"nodeconfig": [{"name": "a", "operatingmode": "mig"}, {"name": "a"}]}`))
+	f.Add([]byte("nodeconfig:\n- name: b\n  filterdevices: {uuid: [GPU-1], index: [0]}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := ParseDeviceConfig([]byte("nodeconfig:\n- name: a\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := len(cfg.NodeConfig)
+		if err := cfg.ParseNodeConfig(data, "node-config.json"); err != nil {
+			if !strings.HasPrefix(err.Error(), "node-config.json: ") {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+			if len(cfg.NodeConfig) != before {
+				t.Fatalf("a refused node config was merged in part: %+v", cfg.NodeConfig)
+			}
+			return
+		}
+		names := map[string]bool{}
+		for _, n := range cfg.NodeConfig {
+			if names[n.Name] {
+				t.Fatalf("node %q configured twice without an error", n.Name)
+			}
+			names[n.Name] = true
+		}
+		if len(cfg.NodeConfig) < before {
+			t.Fatal("merging lost nodes")
+		}
+	})
+}

@@ -66,8 +66,12 @@ func demo(ctx context.Context, s *sandbox.Sandbox, pods []*v1.Pod, out io.Writer
 		return err
 	}
 	fmt.Fprintln(out, "\nApplied:")
-	for _, p := range created {
-		fmt.Fprintf(out, "  pod %s/%s: %s\n", p.Namespace, p.Name, describeRequest(p))
+	for i, p := range created {
+		scheduler := p.Spec.SchedulerName
+		if pods[i].Spec.SchedulerName != scheduler {
+			scheduler += " (set by dynamig-webhook)"
+		}
+		fmt.Fprintf(out, "  pod %s/%s: %s; schedulerName %s\n", p.Namespace, p.Name, describeRequest(p), scheduler)
 	}
 	// Wait per namespace, all pods at once.
 	byNS := map[string][]string{}

@@ -148,6 +148,8 @@ func TestDemo(t *testing.T) {
 	for _, want := range []string{
 		"(NVIDIA A100-PCIE-40GB): [0,2) gpu-pod1 2g.10gb | [2,4) gpu-pod1 2g.10gb | [4,6) mig-workload 2g.10gb | [6,8) free",
 		`"migUUID": "MIG-`,
+		"pod default/gpu-pod1: ",
+		"; schedulerName dynamig-scheduler (set by dynamig-webhook)",
 		"the sandbox stopped cleanly",
 	} {
 		if !strings.Contains(out, want) {

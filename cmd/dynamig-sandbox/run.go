@@ -101,13 +101,17 @@ func startSandbox(ctx context.Context, cfg sandbox.Config, schedulerConfig strin
 		fmt.Fprintf(stderr, "Error: --scheduler-config: %v (run from the repository root, or name the file)\n", err)
 		return nil, exitUsage
 	}
-	// The admission policies ship beside the scheduler configuration (manifests/).
+	// The admission policies and the webhook ship beside the scheduler configuration
+	// (manifests/).
 	policies := filepath.Join(filepath.Dir(schedulerConfig), "admission-policies.yaml")
-	if _, err := os.Stat(policies); err != nil {
-		fmt.Fprintf(stderr, "Error: admission policies: %v (they ship beside --scheduler-config, in manifests/)\n", err)
-		return nil, exitUsage
+	webhook := filepath.Join(filepath.Dir(schedulerConfig), "webhook.yaml")
+	for _, f := range []string{policies, webhook} {
+		if _, err := os.Stat(f); err != nil {
+			fmt.Fprintf(stderr, "Error: admission: %v (it ships beside --scheduler-config, in manifests/)\n", err)
+			return nil, exitUsage
+		}
 	}
-	s, err := sandbox.Start(ctx, sandbox.Options{Config: cfg, SchedulerConfig: schedulerConfig, AdmissionPolicies: policies, Log: logw})
+	s, err := sandbox.Start(ctx, sandbox.Options{Config: cfg, SchedulerConfig: schedulerConfig, AdmissionPolicies: policies, Webhook: webhook, Log: logw})
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			fmt.Fprintln(stderr, "dynamig-sandbox: interrupted while starting")

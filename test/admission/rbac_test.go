@@ -19,7 +19,7 @@ import (
 const rbacFile = "../../manifests/rbac.yaml"
 
 // testRBAC applies manifests/rbac.yaml and asks the API server's authorizer, with
-// SubjectAccessReviews, what the two service accounts may do. (The test's own clients of
+// SubjectAccessReviews, what the three service accounts may do. (The test's own clients of
 // those names are in system:masters; the reviews name the service accounts' real groups.)
 func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 	applyRBAC(ctx, t, admin)
@@ -59,6 +59,21 @@ func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 			{verb: "delete", group: "coordination.k8s.io", resource: "leases", namespace: sys},
 			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"},
 			{verb: "list", resource: "secrets", namespace: sys},
+		},
+		cluster.UserWebhook: {
+			{verb: "list", resource: "secrets", namespace: sys, allowed: true},
+			{verb: "watch", resource: "secrets", namespace: sys, allowed: true},
+			{verb: "get", resource: "secrets", namespace: sys, name: "dynamig-webhook-cert", allowed: true},
+			{verb: "update", resource: "secrets", namespace: sys, name: "dynamig-webhook-cert", allowed: true},
+			{verb: "watch", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", allowed: true},
+			{verb: "update", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "dynamig-webhook", allowed: true},
+			{verb: "update", resource: "secrets", namespace: sys, name: "other"},
+			{verb: "get", resource: "secrets", namespace: "team-a", name: "dynamig-webhook-cert"},
+			{verb: "list", resource: "secrets", namespace: "team-a"},
+			{verb: "update", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "other"},
+			{verb: "update", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "dynamig-webhook"},
+			{verb: "get", resource: "pods", namespace: "team-a"},
+			{verb: "patch", resource: "pods", namespace: "team-a"},
 		},
 	}
 	for user, checks := range cases {

@@ -50,21 +50,23 @@ import (
 )
 
 // The client identities the control plane knows. Each has its own static token; all are in
-// system:masters unless Options.Users says otherwise. UserScheduler and UserDevicePlugin are
-// the service-account user names the components run as in a real cluster, the names
-// manifests/admission-policies.yaml allows, so admission treats them here exactly as there.
+// system:masters unless Options.Users says otherwise. UserScheduler, UserDevicePlugin and
+// UserWebhook are the service-account user names the components run as in a real cluster
+// (manifests/rbac.yaml), the names manifests/admission-policies.yaml allows, so admission
+// treats them here exactly as there.
 const (
 	UserAdmin        = "dynamig-admin"
 	UserScheduler    = "system:serviceaccount:dynamig-system:dynamig-scheduler"
 	UserDevicePlugin = "system:serviceaccount:dynamig-system:dynamig-device-plugin"
+	UserWebhook      = "system:serviceaccount:dynamig-system:dynamig-webhook"
 )
 
 // Options configure the control plane. The zero value is a usable default.
 type Options struct {
 	// Dir is where the control plane's temporary directory is created; "" is os.TempDir().
 	Dir string
-	// Users maps extra user names to their groups, next to UserAdmin, UserScheduler and
-	// UserDevicePlugin (which are in system:masters).
+	// Users maps extra user names to their groups, next to UserAdmin, UserScheduler,
+	// UserDevicePlugin and UserWebhook (which are in system:masters).
 	Users map[string][]string
 	// APIServerFlags are appended to the API server's flags (they win over the defaults).
 	APIServerFlags []string
@@ -150,6 +152,7 @@ func start(ctx context.Context, tb ktesting.TB, ptb *processTB, opts Options) (_
 		UserAdmin:        {"system:masters"},
 		UserScheduler:    {"system:masters"},
 		UserDevicePlugin: {"system:masters"},
+		UserWebhook:      {"system:masters"},
 	}
 	for u, g := range opts.Users {
 		users[u] = g

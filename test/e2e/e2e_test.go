@@ -29,6 +29,7 @@ import (
 const (
 	schedulerConfig   = "../../manifests/scheduler-config.yaml"
 	admissionPolicies = "../../manifests/admission-policies.yaml"
+	webhookManifest   = "../../manifests/webhook.yaml"
 	examples          = "../../examples"
 )
 
@@ -55,7 +56,7 @@ func start(t *testing.T, nodes ...sandbox.NodeConfig) *world {
 	}
 	sctx, scancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer scancel()
-	sb, err := sandbox.Start(sctx, sandbox.Options{Config: cfg, SchedulerConfig: schedulerConfig, AdmissionPolicies: admissionPolicies})
+	sb, err := sandbox.Start(sctx, sandbox.Options{Config: cfg, SchedulerConfig: schedulerConfig, AdmissionPolicies: admissionPolicies, Webhook: webhookManifest})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -271,6 +272,11 @@ func TestSeedExample(t *testing.T) {
 	if len(recs["gpu-pod1"]) != 2 || len(recs["mig-workload"]) != 1 {
 		t.Fatalf("reservations: %v", recs)
 	}
+	for _, name := range []string{"gpu-pod1", "mig-workload"} {
+		if got := w.get(name).Spec.SchedulerName; got != api.DefaultSchedulerName {
+			t.Errorf("%s: schedulerName %q, want the webhook's %q", name, got, api.DefaultSchedulerName)
+		}
+	}
 	for _, rs := range recs {
 		for _, r := range rs {
 			if r.Profile != "2g.10gb" {
@@ -402,7 +408,7 @@ func TestAdmissionPolicies(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
 	forged := pod("forged", "mig", 1, 4000, api.MigReservationsAnnotation, `[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-x","profile":"1g.5gb","placement":{"start":0,"size":1}}]`)
 	other := pod("other-scheduler", "mig", 1, 4000)
-	other.Spec.SchedulerName = "default-scheduler"
+	other.Spec.SchedulerName = "volcano"
 	pinned := pod("pinned", "mig", 1, 4000)
 	pinned.Spec.NodeName = "n"
 	for _, tc := range []struct {
@@ -417,6 +423,72 @@ func TestAdmissionPolicies(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want a refusal naming %q", tc.p.Name, err, tc.want)
 		}
+	}
+}
+
+// TestWebhook: through the API server, over TLS, the shipped MutatingWebhookConfiguration
+// gives GPU pods that name no scheduler (or default-scheduler) dynamig-scheduler, init
+// containers included, and nothing else; pods and namespaces labelled hami.io/webhook:
+// ignore are left alone (and so meet the validating policy), and a pod naming another
+// scheduler is refused with the message that says what to do.
+func TestWebhook(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB"))
+	optOut := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "opted-out", Labels: map[string]string{"hami.io/webhook": "ignore"}}}
+	if _, err := w.c.CoreV1().Namespaces().Create(w.ctx, optOut, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	unnamed := func(name, ns string) *v1.Pod {
+		p := pod(name, "mig", 1, 4000)
+		p.Namespace, p.Spec.SchedulerName = ns, ""
+		return p
+	}
+	defaultNamed := unnamed("default-named", "default")
+	defaultNamed.Spec.SchedulerName = "default-scheduler"
+	initOnly := unnamed("init-only", "default")
+	initOnly.Spec.InitContainers = initOnly.Spec.Containers
+	initOnly.Spec.InitContainers[0].Name = "init"
+	initOnly.Spec.Containers = []v1.Container{{Name: "main", Image: "busybox"}}
+	cpu := unnamed("cpu", "default")
+	cpu.Spec.Containers[0].Resources = v1.ResourceRequirements{}
+	labelled := unnamed("labelled", "default")
+	labelled.Labels = map[string]string{"hami.io/webhook": "ignore"}
+	other := unnamed("other", "default")
+	other.Spec.SchedulerName = "volcano"
+	refused := "names schedulerName default-scheduler: set schedulerName: dynamig-scheduler"
+	for _, tc := range []struct {
+		p             *v1.Pod
+		wantScheduler string // "" : refused with wantErr
+		wantErr       string
+	}{
+		{unnamed("unnamed", "default"), api.DefaultSchedulerName, ""},
+		{defaultNamed, api.DefaultSchedulerName, ""},
+		{initOnly, api.DefaultSchedulerName, ""},
+		{cpu, "default-scheduler", ""},
+		{unnamed("in-opted-out-namespace", optOut.Name), "", refused},
+		{labelled, "", refused},
+		{other, "", "names schedulerName volcano: set schedulerName: dynamig-scheduler"},
+	} {
+		created, err := w.c.CoreV1().Pods(tc.p.Namespace).Create(w.ctx, tc.p, metav1.CreateOptions{})
+		switch {
+		case tc.wantScheduler == "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("%s: %v, want a refusal saying %q", tc.p.Name, err, tc.wantErr)
+		case tc.wantScheduler != "" && err != nil:
+			t.Errorf("%s: %v", tc.p.Name, err)
+		case tc.wantScheduler != "" && created.Spec.SchedulerName != tc.wantScheduler:
+			t.Errorf("%s: schedulerName %q, want %q", tc.p.Name, created.Spec.SchedulerName, tc.wantScheduler)
+		}
+	}
+	// The mutated pods run: dynamig-scheduler placed them and the device plugin realised them.
+	recs := w.running("unnamed", "default-named", "init-only")
+	noOverlap(t, recs)
+	// cert-controller made the serving certificate and injected its CA.
+	cfg, err := w.c.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(w.ctx, "dynamig-webhook", metav1.GetOptions{})
+	if err != nil || len(cfg.Webhooks) != 1 || len(cfg.Webhooks[0].ClientConfig.CABundle) == 0 {
+		t.Errorf("webhook configuration: %v %+v", err, cfg)
+	}
+	secret, err := w.c.CoreV1().Secrets(api.DefaultSystemNamespace).Get(w.ctx, "dynamig-webhook-cert", metav1.GetOptions{})
+	if err != nil || len(secret.Data["tls.crt"]) == 0 || string(secret.Data["ca.crt"]) != string(cfg.Webhooks[0].ClientConfig.CABundle) {
+		t.Errorf("certificate Secret: %v (keys %d)", err, len(secret.Data))
 	}
 }
 

@@ -56,6 +56,10 @@ type Options struct {
 	// AdmissionPolicies is the ValidatingAdmissionPolicy manifest to apply before any node
 	// starts (typically manifests/admission-policies.yaml); "" applies none.
 	AdmissionPolicies string
+	// Webhook is the webhook manifest (typically manifests/webhook.yaml) whose Secret and
+	// MutatingWebhookConfiguration are applied, with dynamig-webhook serving them in-process
+	// over TLS; "" runs no webhook.
+	Webhook string
 }
 
 // Sandbox is a running in-process cluster.
@@ -69,6 +73,7 @@ type Sandbox struct {
 
 	schedulerStop    func()
 	schedulerMetrics string
+	webhookDone      chan struct{} // closed when the webhook has exited (Stop)
 	metricsServer    *http.Server
 	metricsDone      chan struct{}
 
@@ -154,6 +159,11 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if opts.AdmissionPolicies != "" {
 		if err := cluster.ApplyAdmissionPolicies(ctx, s.admin, opts.AdmissionPolicies); err != nil {
 			return nil, fmt.Errorf("admission policies: %w", err)
+		}
+	}
+	if opts.Webhook != "" {
+		if err := s.startWebhook(ctx, opts.Webhook); err != nil {
+			return nil, fmt.Errorf("webhook: %w", err)
 		}
 	}
 	s.schedulerConfig = opts.SchedulerConfig
@@ -308,6 +318,9 @@ func (s *Sandbox) Stop() {
 			<-s.metricsDone
 		}
 		s.cancel()
+		if s.webhookDone != nil {
+			<-s.webhookDone
+		}
 		var wg sync.WaitGroup
 		for _, n := range s.nodes {
 			wg.Add(1)

@@ -22,7 +22,10 @@ import (
 	"github.com/dynamig/dynamig/config"
 )
 
-const schedulerConfig = "../../manifests/scheduler-config.yaml"
+const (
+	schedulerConfig = "../../manifests/scheduler-config.yaml"
+	webhookManifest = "../../manifests/webhook.yaml"
+)
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -167,7 +170,7 @@ func TestSandbox(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	start := time.Now()
-	s, err := Start(ctx, Options{Config: DefaultConfig(), SchedulerConfig: schedulerConfig})
+	s, err := Start(ctx, Options{Config: DefaultConfig(), SchedulerConfig: schedulerConfig, Webhook: webhookManifest})
 	if err != nil {
 		t.Fatal(err)
 	}
