@@ -128,7 +128,7 @@ func DefaultDeviceConfig() *DeviceConfig {
 	}}
 }
 
-// DefaultMigProfileAllowlist is the allowlist HAMi v2.10 ships (DESIGN.md's table).
+// DefaultMigProfileAllowlist is the allowlist HAMi v2.10 ships (docs/architecture.md's table).
 func DefaultMigProfileAllowlist() []AllowlistEntry {
 	return []AllowlistEntry{
 		{Models: []string{"A30"}, Profiles: []string{"1g.6gb", "2g.12gb", "4g.24gb"}},

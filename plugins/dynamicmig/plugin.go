@@ -1,6 +1,6 @@
 // Package dynamicmig is the DynamicMIG scheduler plugin: it reserves, for every GPU device a
 // pod asks for, an exact GPU and, on MIG GPUs, the MIG profile and placement, and hands the
-// reservation to the node's device plugin on the Binding. See DESIGN.md.
+// reservation to the node's device plugin on the Binding. See docs/architecture.md.
 package dynamicmig
 
 import (

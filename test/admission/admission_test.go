@@ -91,14 +91,7 @@ func TestAdmissionPolicies(t *testing.T) {
 // applyPolicies creates every object of the manifest, as the admin.
 func applyPolicies(ctx context.Context, t *testing.T, admin kubernetes.Interface) []*admissionregistrationv1.ValidatingAdmissionPolicy {
 	t.Helper()
-	raw, err := os.ReadFile(policiesFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := cluster.DecodeManifest(raw)
-	if err != nil {
-		t.Fatalf("decoding %s: %v", policiesFile, err)
-	}
+	objs := decodeFile(t, policiesFile)
 	var policies []*admissionregistrationv1.ValidatingAdmissionPolicy
 	var bindings int
 	for _, obj := range objs {

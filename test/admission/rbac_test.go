@@ -2,7 +2,6 @@ package admission
 
 import (
 	"context"
-	"os"
 	"testing"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -100,15 +99,8 @@ func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 // exists already: test/cluster creates it).
 func applyRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 	t.Helper()
-	raw, err := os.ReadFile(rbacFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := cluster.DecodeManifest(raw)
-	if err != nil {
-		t.Fatalf("decoding %s: %v", rbacFile, err)
-	}
-	for _, obj := range objs {
+	var err error
+	for _, obj := range decodeFile(t, rbacFile) {
 		co := metav1.CreateOptions{}
 		switch o := obj.(type) {
 		case *v1.Namespace:

@@ -16,6 +16,7 @@ import (
 	"github.com/dynamig/dynamig/webhook"
 )
 
+// decodeFile reads a manifest of manifests/ into typed objects.
 func decodeFile(t *testing.T, path string) []runtime.Object {
 	t.Helper()
 	raw, err := os.ReadFile(path)
@@ -24,7 +25,7 @@ func decodeFile(t *testing.T, path string) []runtime.Object {
 	}
 	objs, err := cluster.DecodeManifest(raw)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("decoding %s: %v", path, err)
 	}
 	return objs
 }

@@ -22,7 +22,7 @@ import (
 
 const a100 = "NVIDIA A100-PCIE-40GB"
 
-// The seed example of DESIGN.md through the whole control plane: a pod asking for two
+// HAMi's dynamic-MIG example (examples/gpu-pod1.yaml) through the whole control plane: a pod asking for two
 // 8000 MiB MIG devices on an empty A100-40GB gets two disjoint 2g.10gb instances, with two
 // scheduler writes (the hand-off Lease and the Binding).
 func TestGPUPodEndToEnd(t *testing.T) {

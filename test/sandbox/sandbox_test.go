@@ -147,7 +147,8 @@ func TestDecodePods(t *testing.T) {
 	var names []string
 	for _, p := range pods {
 		names = append(names, p.Name)
-		if p.Spec.SchedulerName != "dynamig-scheduler" || p.Annotations[api.VGPUModeAnnotation] != api.ModeMIG {
+		// As HAMi's documentation writes them: no schedulerName (the webhook sets it).
+		if p.Spec.SchedulerName != "" || p.Annotations[api.VGPUModeAnnotation] != api.ModeMIG {
 			t.Errorf("%s: %+v", p.Name, p)
 		}
 	}
