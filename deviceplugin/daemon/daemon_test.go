@@ -70,8 +70,13 @@ func TestSeedExampleThroughKubelet(t *testing.T) {
 	if gpus, err := api.DecodeInventory(n.Annotations[api.NodeInventoryAnnotation]); err != nil || len(gpus[0].MigProfiles) != 4 {
 		t.Errorf("inventory: %v %v", gpus, err)
 	}
-	if _, err := client.CoordinationV1().Leases(api.DefaultSystemNamespace).Get(ctx, api.HeartbeatLeaseName(node), metav1.GetOptions{}); err != nil {
-		t.Errorf("heartbeat: %v", err)
+	// The heartbeat runs beside the kubelet registration: wait for its first renewal.
+	var heartbeatErr error
+	if err := wait.PollUntilContextTimeout(wctx, 10*time.Millisecond, 5*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, heartbeatErr = client.CoordinationV1().Leases(api.DefaultSystemNamespace).Get(ctx, api.HeartbeatLeaseName(node), metav1.GetOptions{})
+		return heartbeatErr == nil, nil
+	}); err != nil {
+		t.Errorf("heartbeat: %v", heartbeatErr)
 	}
 
 	// The scheduler's Binding and hand-off, as dynamig-scheduler writes them.
