@@ -24,7 +24,7 @@ FUZZ_TARGETS := \
 	./nvml/sim:FuzzParseGPUList \
 	./webhook:FuzzHandle
 
-.PHONY: all build test unit race fuzz lint demo clean bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender kubectl
+.PHONY: all build test unit race fuzz lint demo clean bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-burst kubectl
 
 all: build
 
@@ -87,6 +87,11 @@ bench-throughput:
 # the in-process plugin, 1000 nodes, QPS 5000, written to docs/benchmarks/extender/.
 bench-throughput-extender:
 	$(GO) run ./test/bench/throughput/cmd -out docs/benchmarks/extender -nodes 1000 -qps 5000/5000 -scenarios a,e,b -cpuprofile ''
+
+# A burst of 56 one-slice pods at one node of 8 A100-40GB on the whole sandbox, NVML taking
+# 1.5 s per GPU-instance create, three runs, written to docs/benchmarks/burst.md (~6 minutes).
+bench-burst:
+	$(GO) run ./test/bench/burst/cmd -out docs/benchmarks
 
 # The same at 100 nodes and 1000 pods (about 3 minutes), written to /tmp/dynamig-throughput.
 bench-throughput-quick:

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
@@ -199,6 +200,16 @@ func (d *device) GpuInstancePossiblePlacements(profileID int) ([]api.Placement, 
 // CreateGpuInstanceWithPlacement creates a GI of the profile at exactly that placement, under
 // the hardware rules of the facts file (see the package doc).
 func (d *device) CreateGpuInstanceWithPlacement(profileID int, pl api.Placement) (nvml.GpuInstance, error) {
+	d.s.mu.Lock()
+	if d.s.firstCreate.IsZero() {
+		d.s.firstCreate = time.Now()
+	}
+	d.s.mu.Unlock()
+	if latency := d.s.opts.CreateLatency; latency > 0 {
+		d.g.creating.Lock()
+		defer d.g.creating.Unlock()
+		time.Sleep(latency)
+	}
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
 	g := d.g

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
@@ -47,6 +48,10 @@ type Options struct {
 	// MigModeNeedsReset keeps a SetMigMode change pending (MigMode reports current ≠ pending)
 	// until ResetGPU, as on GPUs that need a reset to switch MIG mode.
 	MigModeNeedsReset bool
+	// CreateLatency is how long a GPU-instance create takes (HAMi's pull request 2910
+	// reports about 1.5 s on real GPUs). Creates on one GPU run one after another, as the
+	// driver serialises a GPU's mutation; creates on different GPUs overlap. 0: instant.
+	CreateLatency time.Duration
 }
 
 // Sim is a simulated NVML library with its GPUs. It implements nvml.Interface.
@@ -59,6 +64,8 @@ type Sim struct {
 	gpus      []*gpuState
 	// migCounter numbers MIG devices ever created, so no MIG UUID is handed out twice.
 	migCounter uint64
+	// firstCreate is when the first GPU-instance create was asked for.
+	firstCreate time.Time
 }
 
 var _ nvml.Interface = (*Sim)(nil)
@@ -78,6 +85,9 @@ type gpuState struct {
 	faults   map[Op]nvml.Return
 	// lost makes every call on the GPU but UUID answer ERROR_GPU_IS_LOST (LoseGPU).
 	lost bool
+	// creating serialises the GPU's creates while Options.CreateLatency passes; it is not
+	// guarded by Sim.mu (other calls go on meanwhile).
+	creating sync.Mutex
 }
 
 type giState struct {
@@ -452,6 +462,13 @@ func (s *Sim) RecoverGPU(gpuIndex int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gpus[gpuIndex].lost = false
+}
+
+// FirstCreate is when the first GPU-instance create was asked for (zero before one was).
+func (s *Sim) FirstCreate() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.firstCreate
 }
 
 // Snapshot reports every GPU in index order, its GIs in id order, their CIs in id order and

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
@@ -882,4 +883,49 @@ func mustProfile(t *testing.T, m *config.Model, name string) *config.Profile {
 	}
 	t.Fatalf("no profile %s", name)
 	return nil
+}
+
+// TestCreateLatency: with Options.CreateLatency, creates on one GPU take their turns, creates
+// on two GPUs overlap, and FirstCreate says when the first was asked for.
+func TestCreateLatency(t *testing.T) {
+	const latency = 150 * time.Millisecond
+	s, err := New(Options{Seed: "n", CreateLatency: latency}, GPUSpec{Model: "A100-40GB"}, GPUSpec{Model: "A100-40GB"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Init(); err != nil {
+		t.Fatal(err)
+	}
+	if !s.FirstCreate().IsZero() {
+		t.Fatal("FirstCreate before any create")
+	}
+	devices := make([]nvml.Device, 2)
+	for i := range devices {
+		if devices[i], err = s.DeviceByIndex(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	concurrently := func(starts ...[2]int) time.Duration { // {GPU, 1g start}
+		began := time.Now()
+		var wg sync.WaitGroup
+		for _, gs := range starts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				create(t, devices[gs[0]], "A100-40GB", "1g.5gb", gs[1])
+			}()
+		}
+		wg.Wait()
+		return time.Since(began)
+	}
+	began := time.Now()
+	if took := concurrently([2]int{0, 0}, [2]int{0, 1}); took < 2*latency {
+		t.Errorf("two creates on one GPU took %v, want at least %v", took, 2*latency)
+	}
+	if first := s.FirstCreate(); first.Before(began) || first.After(began.Add(latency)) {
+		t.Errorf("FirstCreate %v, the creates began at %v", first, began)
+	}
+	if took := concurrently([2]int{0, 2}, [2]int{1, 2}); took >= 2*latency {
+		t.Errorf("creates on two GPUs took %v, want them to overlap (under %v)", took, 2*latency)
+	}
 }

@@ -98,7 +98,7 @@ func (s *Sandbox) newNode(cfg NodeConfig) (*node, error) {
 		specs[i] = sim.GPUSpec{Model: g}
 	}
 	sim.SetMIGModeFor(specs, cfg.Mode)
-	if n.gpus, err = sim.New(sim.Options{Seed: cfg.Name}, specs...); err != nil {
+	if n.gpus, err = sim.New(sim.Options{Seed: cfg.Name, CreateLatency: s.createLatency}, specs...); err != nil {
 		return n, err
 	}
 	return n, n.gpus.Init()

@@ -60,6 +60,9 @@ type Options struct {
 	// MutatingWebhookConfiguration are applied, with dynamig-webhook serving them in-process
 	// over TLS; "" runs no webhook.
 	Webhook string
+	// CreateLatency is every simulated GPU's GPU-instance create time (sim.Options): creates
+	// on one GPU take turns, on different GPUs they overlap. 0: instant.
+	CreateLatency time.Duration
 }
 
 // Sandbox is a running in-process cluster.
@@ -70,6 +73,8 @@ type Sandbox struct {
 	deviceConfig string
 	devCfg       *config.DeviceConfig
 	log          io.Writer
+	// createLatency is Options.CreateLatency, for the nodes' simulators.
+	createLatency time.Duration
 
 	schedulerStop    func()
 	schedulerMetrics string
@@ -122,7 +127,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if log == nil {
 		log = io.Discard
 	}
-	s := &Sandbox{log: log}
+	s := &Sandbox{log: log, createLatency: opts.CreateLatency}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -203,6 +208,15 @@ func (s *Sandbox) node(name string) *node {
 		}
 	}
 	return nil
+}
+
+// FirstInstanceCreate is when node's device plugin first asked NVML to create a GPU
+// instance (zero before it has).
+func (s *Sandbox) FirstInstanceCreate(node string) time.Time {
+	if n := s.node(node); n != nil {
+		return n.gpus.FirstCreate()
+	}
+	return time.Time{}
 }
 
 // RestartDevicePlugin stops node's device plugin and starts a new one on the same simulated
