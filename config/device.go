@@ -204,7 +204,7 @@ func (c *DeviceConfig) ParseNodeConfig(data []byte, file string) error {
 		errs = c.addNodes(file, field.NewPath("nodeconfig"), nc.NodeConfig)
 	}
 	if len(errs) > 0 {
-		c.NodeConfig, c.nodeOrigins = c.NodeConfig[:n], c.nodeOrigins[:n] // all or nothing
+		c.NodeConfig, c.nodeOrigins = c.NodeConfig[:n], c.nodeOrigins[:min(n, len(c.nodeOrigins))] // all or nothing
 		return fmt.Errorf("%s: invalid node config: %w", file, errs.ToAggregate())
 	}
 	return nil
@@ -223,6 +223,14 @@ func (c *DeviceConfig) LoadNodeConfig(path string) error {
 	return c.ParseNodeConfig(data, path)
 }
 
+// origin says where NodeConfig[j] was written; an entry a caller appended itself has none.
+func (c *DeviceConfig) origin(j int) string {
+	if j < len(c.nodeOrigins) && c.nodeOrigins[j] != "" {
+		return c.nodeOrigins[j]
+	}
+	return fmt.Sprintf("nodeconfig[%d]", j)
+}
+
 // addNodes validates the nodes written at path (in file, if known) and adds them to c.
 func (c *DeviceConfig) addNodes(file string, path *field.Path, nodes []NodeConfig) field.ErrorList {
 	errs := validateNodeConfig(path, nodes)
@@ -232,11 +240,14 @@ func (c *DeviceConfig) addNodes(file string, path *field.Path, nodes []NodeConfi
 			where = file + " " + where
 		}
 		if j := slices.IndexFunc(c.NodeConfig, func(o NodeConfig) bool { return n.Name != "" && o.Name == n.Name }); j >= 0 {
-			errs = append(errs, field.Invalid(path.Index(i).Child("name"), n.Name, "this node is configured twice: also at "+c.nodeOrigins[j]))
+			errs = append(errs, field.Invalid(path.Index(i).Child("name"), n.Name, "this node is configured twice: also at "+c.origin(j)))
 			continue
 		}
-		c.NodeConfig = append(c.NodeConfig, n)
+		for len(c.nodeOrigins) < len(c.NodeConfig) { // entries a caller appended itself
+			c.nodeOrigins = append(c.nodeOrigins, "")
+		}
 		c.nodeOrigins = append(c.nodeOrigins, where)
+		c.NodeConfig = append(c.NodeConfig, n)
 	}
 	return errs
 }

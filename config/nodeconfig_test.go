@@ -209,3 +209,23 @@ func FuzzParseNodeConfig(f *testing.F) {
 		}
 	})
 }
+
+// TestNodeConfigAfterCallerAppends: a node a caller appended itself (the sandbox does) is
+// still found by a later node config file, and named by its index.
+func TestNodeConfigAfterCallerAppends(t *testing.T) {
+	cfg, err := ParseDeviceConfig([]byte("nodeconfig:\n- name: a\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.NodeConfig = append(cfg.NodeConfig, NodeConfig{Name: "b", OperatingMode: api.ModeMIG})
+	err = cfg.ParseNodeConfig([]byte(`{"nodeconfig": [{"name": "c"}, {"name": "b"}]}`), "f.json")
+	if err == nil || !strings.Contains(err.Error(), `nodeconfig[1].name: Invalid value: "b": this node is configured twice: also at nodeconfig[1]`) {
+		t.Errorf("got %v", err)
+	}
+	if len(cfg.NodeConfig) != 2 {
+		t.Errorf("a refused file changed the nodes: %+v", cfg.NodeConfig)
+	}
+	if err := cfg.ParseNodeConfig([]byte(`{"nodeconfig": [{"name": "c"}]}`), "f.json"); err != nil || cfg.Node("c").Name != "c" {
+		t.Errorf("merge after a refusal: %v %+v", err, cfg.NodeConfig)
+	}
+}
