@@ -66,6 +66,10 @@ type node struct {
 
 	mu       sync.Mutex
 	gpuUUIDs []string
+	// published is the {all, healthy} device count the Node advertises; publishing is set
+	// while publishDevices writes a new one (see devicesPublished).
+	published  [2]int
+	publishing bool
 	// pods the stand-in knows, by namespace/name: their UID and what it did.
 	pods map[string]*podState
 }
@@ -210,7 +214,8 @@ func (n *node) startDevicePlugin() {
 }
 
 // restartDevicePlugin stops the node's device plugin and starts a new one on the same
-// GPUs, then waits until it has registered with the kubelet stand-in again.
+// GPUs, then waits until it has registered with the kubelet stand-in again and the Node
+// advertises its devices again (they were unhealthy while no plugin served them).
 func (n *node) restartDevicePlugin(ctx context.Context) error {
 	n.mu.Lock()
 	cancel, done := n.dpCancel, n.dpDone
@@ -227,7 +232,16 @@ func (n *node) restartDevicePlugin(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("node %s: the restarted device plugin did not register: %w", n.cfg.Name, err)
 	}
-	return n.kl.WaitForResource(ctx, n.resource, 1)
+	if err := n.kl.WaitForResource(ctx, n.resource, 1); err != nil {
+		return err
+	}
+	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return n.devicesPublished(), nil
+	})
+	if err != nil {
+		return fmt.Errorf("node %s: the Node does not advertise the restarted plugin's devices: %w", n.cfg.Name, err)
+	}
+	return nil
 }
 
 // waitReady waits until the device plugin has registered devices with the kubelet
@@ -319,7 +333,11 @@ func (n *node) publishDevices(ctx context.Context) {
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := n.kl.WaitForDevices(wctx, n.resource, func(devs []*pluginapi.Device) bool {
 			got = countDevices(devs)
-			return got != last
+			if got == last {
+				return false
+			}
+			n.setPublishing(true)
+			return true
 		})
 		cancel()
 		if err != nil {
@@ -330,6 +348,7 @@ func (n *node) publishDevices(ctx context.Context) {
 			if got = countDevices(n.kl.Devices(n.resource)); got == last {
 				continue
 			}
+			n.setPublishing(true)
 		}
 		err = retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 			node, err := n.client.CoreV1().Nodes().Get(ctx, n.cfg.Name, metav1.GetOptions{})
@@ -343,6 +362,7 @@ func (n *node) publishDevices(ctx context.Context) {
 			return err
 		})
 		if err != nil {
+			n.setPublishing(false)
 			if ctx.Err() == nil {
 				klog.FromContext(ctx).Error(err, "Updating the Node's devices", "node", n.cfg.Name)
 				time.Sleep(time.Second)
@@ -350,7 +370,26 @@ func (n *node) publishDevices(ctx context.Context) {
 			continue
 		}
 		last = got
+		n.mu.Lock()
+		n.published, n.publishing = got, false
+		n.mu.Unlock()
 	}
+}
+
+func (n *node) setPublishing(on bool) {
+	n.mu.Lock()
+	n.publishing = on
+	n.mu.Unlock()
+}
+
+// devicesPublished reports whether the Node advertises what the kubelet stand-in holds now,
+// with no update under way: a pod created after it is scheduled against the devices the
+// node really has, not against a count from the plugin's restart.
+func (n *node) devicesPublished() bool {
+	current := countDevices(n.kl.Devices(n.resource))
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return !n.publishing && n.published == current
 }
 
 // countDevices is {all, healthy}.
