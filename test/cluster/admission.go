@@ -41,11 +41,19 @@ func ApplyAdmissionPolicies(ctx context.Context, admin kubernetes.Interface, pat
 			return fmt.Errorf("%s, object %d: %w", path, i+1, err)
 		}
 	}
-	probe := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "admission-probe", Namespace: "default"},
+	return AwaitAdmission(ctx, admin, "admission-probe", 30*time.Second, func(_ *v1.Pod, err error) (bool, error) {
+		return err != nil, nil
+	})
+}
+
+// AwaitAdmission dry-runs the creation of a pod named name in namespace default that asks
+// for one nvidia.com/gpu and names no scheduler, every 100 ms, until done says admission
+// now answers as wanted (done's error ends the wait with it), or timeout.
+func AwaitAdmission(ctx context.Context, client kubernetes.Interface, name string, timeout time.Duration, done func(*v1.Pod, error) (bool, error)) error {
+	probe := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
 		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Image: "busybox", Resources: v1.ResourceRequirements{
 			Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("1")}}}}}}
-	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, err := admin.CoreV1().Pods("default").Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return err != nil, nil
+	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		return done(client.CoreV1().Pods(probe.Namespace).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}))
 	})
 }

@@ -13,10 +13,8 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -126,17 +124,13 @@ func (s *Sandbox) projectSecret(namespace, name, dir string) {
 // waitWebhookServes polls a dry-run GPU pod that names no scheduler until the API server
 // admits it with schedulerName dynamig-scheduler, or the webhook has exited.
 func waitWebhookServes(ctx context.Context, client kubernetes.Interface, exited <-chan struct{}) error {
-	probe := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "webhook-probe", Namespace: metav1.NamespaceDefault},
-		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Image: "busybox", Resources: v1.ResourceRequirements{
-			Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("1")}}}}}}
 	var last error
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := cluster.AwaitAdmission(ctx, client, "webhook-probe", time.Minute, func(pod *v1.Pod, err error) (bool, error) {
 		select {
 		case <-exited:
 			return false, errors.New("dynamig-webhook exited")
 		default:
 		}
-		pod, err := client.CoreV1().Pods(probe.Namespace).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		last = err
 		return err == nil && pod.Spec.SchedulerName == api.DefaultSchedulerName, nil
 	})
