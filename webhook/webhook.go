@@ -42,44 +42,66 @@ func (s *SchedulerNameSetter) Handle(ctx context.Context, req admission.Request)
 	if req.Operation != admissionv1.Create || req.Resource.Resource != "pods" || req.SubResource != "" {
 		return admission.Allowed("not a pod creation")
 	}
-	pod := &v1.Pod{}
+	pod := &admittedPod{}
 	if err := json.Unmarshal(req.Object.Raw, pod); err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the pod: %w", err))
 	}
-	if !s.AsksForGPU(pod) {
+	if !s.asksForGPU(pod) {
 		return admission.Allowed("the pod asks for no " + string(s.Resource))
 	}
-	if !s.NamesNoScheduler(pod) {
+	if !s.namesNoScheduler(pod) {
 		return admission.Allowed("the pod names schedulerName " + pod.Spec.SchedulerName)
 	}
-	klog.FromContext(ctx).V(2).Info("Setting the scheduler of a GPU pod", "pod", klog.KRef(req.Namespace, podName(pod)),
+	klog.FromContext(ctx).V(2).Info("Setting the scheduler of a GPU pod", "pod", klog.KRef(req.Namespace, pod.name()),
 		"from", pod.Spec.SchedulerName, "to", s.SchedulerName)
 	// "add" replaces an existing member (RFC 6902), so one operation serves a pod with or
 	// without the field.
 	return admission.Patched("schedulerName set to "+s.SchedulerName, jsonpatch.NewOperation("add", "/spec/schedulerName", s.SchedulerName))
 }
 
-// AsksForGPU reports whether any container or init container names the GPU count resource
+// admittedPod is the part of a pod the webhook reads. Resource quantities stay undecoded:
+// only their names matter here, and parsing a hostile quantity costs time that grows with
+// its exponent (1e-99999999 takes hours), which anyone who can reach the Service could send.
+type admittedPod struct {
+	Metadata struct {
+		Name         string `json:"name"`
+		GenerateName string `json:"generateName"`
+	} `json:"metadata"`
+	Spec struct {
+		SchedulerName  string              `json:"schedulerName"`
+		InitContainers []admittedContainer `json:"initContainers"`
+		Containers     []admittedContainer `json:"containers"`
+	} `json:"spec"`
+}
+
+type admittedContainer struct {
+	Resources struct {
+		Limits   map[v1.ResourceName]json.RawMessage `json:"limits"`
+		Requests map[v1.ResourceName]json.RawMessage `json:"requests"`
+	} `json:"resources"`
+}
+
+// asksForGPU reports whether any container or init container names the GPU count resource
 // in its limits or requests, as the validating policy's match condition does.
-func (s *SchedulerNameSetter) AsksForGPU(pod *v1.Pod) bool {
+func (s *SchedulerNameSetter) asksForGPU(pod *admittedPod) bool {
 	return slices.ContainsFunc(pod.Spec.InitContainers, s.containerAsks) || slices.ContainsFunc(pod.Spec.Containers, s.containerAsks)
 }
 
-func (s *SchedulerNameSetter) containerAsks(c v1.Container) bool {
+func (s *SchedulerNameSetter) containerAsks(c admittedContainer) bool {
 	_, inLimits := c.Resources.Limits[s.Resource]
 	_, inRequests := c.Resources.Requests[s.Resource]
 	return inLimits || inRequests
 }
 
-// NamesNoScheduler reports whether the pod's schedulerName is empty or one of Replace.
-func (s *SchedulerNameSetter) NamesNoScheduler(pod *v1.Pod) bool {
+// namesNoScheduler reports whether the pod's schedulerName is empty or one of Replace.
+func (s *SchedulerNameSetter) namesNoScheduler(pod *admittedPod) bool {
 	return pod.Spec.SchedulerName == "" || slices.Contains(s.Replace, pod.Spec.SchedulerName)
 }
 
-// podName is the pod's name, or its generateName prefix before the API server names it.
-func podName(pod *v1.Pod) string {
-	if pod.Name != "" {
-		return pod.Name
+// name is the pod's name, or its generateName prefix before the API server names it.
+func (p *admittedPod) name() string {
+	if p.Metadata.Name != "" {
+		return p.Metadata.Name
 	}
-	return pod.GenerateName
+	return p.Metadata.GenerateName
 }

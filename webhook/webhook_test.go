@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"reflect"
 	"testing"
+	"time"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -103,6 +104,23 @@ func TestUndecodablePod(t *testing.T) {
 	}
 }
 
+// TestHostileQuantity: the webhook does not parse quantities, so one whose parse would take
+// hours is answered at once (the test's deadline is the bound).
+func TestHostileQuantity(t *testing.T) {
+	req := request(t, admissionv1.Create, &v1.Pod{})
+	req.Object.Raw = []byte(`{"spec":{"containers":[{"name":"c","resources":{"limits":{"nvidia.com/gpu":"1e-99999999"}}}]}}`)
+	done := make(chan admission.Response, 1)
+	go func() { done <- setter.Handle(context.Background(), req) }()
+	select {
+	case resp := <-done:
+		if len(resp.Patches) != 1 {
+			t.Errorf("got %+v", resp)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer within 10 s: the quantity was parsed")
+	}
+}
+
 // FuzzHandle: any object bytes give an answer, never a panic, and a patch only ever sets
 // the scheduler.
 func FuzzHandle(f *testing.F) {
@@ -110,6 +128,7 @@ func FuzzHandle(f *testing.F) {
 	f.Add(seed)
 	f.Add([]byte(`{"spec":{"initContainers":[{"resources":{"requests":{"nvidia.com/gpu":"1"}}}]}}`))
 	f.Add([]byte(`null`))
+	f.Add([]byte(`{"spec":{"containers":[{"resources":{"limits":{"nvidia.com/gpu":"1e-99999999"}}}]}}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: admissionv1.Create,
 			Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Object: runtime.RawExtension{Raw: raw}}}

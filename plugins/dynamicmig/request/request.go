@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 
+	"gopkg.in/inf.v0"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -121,11 +122,27 @@ func quantity(c *v1.Container, name string) (int64, error) {
 	return v, nil
 }
 
+// asWhole returns q as an int64 when it is a whole number that fits one. MilliValue and Value
+// saturate or wrap beyond int64 (1e100 reads as 0), so they cannot tell.
 func asWhole(q resource.Quantity) (int64, bool) {
-	if q.MilliValue()%1000 != 0 {
+	if v, ok := q.AsInt64(); ok {
+		return v, true
+	}
+	// 1000m, 1.5e3 and values held as inf.Dec: exactly, through inf.Dec.
+	d := q.AsDec()
+	if d.Sign() == 0 {
+		return 0, true
+	}
+	// |unscaled| >= 1, so a value with more than 18 trailing zeros exceeds int64; rescaling it
+	// would cost time in the exponent.
+	if d.Scale() < -18 {
 		return 0, false
 	}
-	return q.Value(), true
+	whole := new(inf.Dec).Round(d, 0, inf.RoundDown)
+	if whole.Cmp(d) != 0 || !whole.UnscaledBig().IsInt64() {
+		return 0, false
+	}
+	return whole.UnscaledBig().Int64(), true
 }
 
 func askedFor(names config.ResourceNames, mem, pct, cores int64) []string {
