@@ -11,12 +11,13 @@ BIN := bin
 # "context deadline exceeded" at its end (go.dev/issue/75804, fixed in Go 1.27).
 FUZZTIME ?= 200000x
 # Packages with concurrency run under the race detector.
-RACE_PKGS := ./nvml/... ./plugins/... ./deviceplugin/... ./webhook/...
+RACE_PKGS := ./nvml/... ./plugins/... ./deviceplugin/... ./webhook/... ./signing/...
 # package:FuzzTarget pairs, one decoder of external input each.
 FUZZ_TARGETS := \
 	./api:FuzzDecodeInventory \
 	./api:FuzzDecodeMigReservations \
 	./api:FuzzDecodeHAMiCoreDevices \
+	./api:FuzzParseSignature \
 	./config:FuzzParseDeviceConfig \
 	./config:FuzzParseNodeConfig \
 	./plugins/dynamicmig/request:FuzzParsePod \
@@ -53,7 +54,7 @@ lint:
 	$(GO) vet ./...
 	@# api, config, nvml, the allocator and the webhook must not link k8s.io/kubernetes
 	@# (docs/architecture.md).
-	@for p in ./api/... ./config/... ./nvml/... ./plugins/dynamicmig/placement/... ./plugins/dynamicmig/request/... ./webhook/... ./cmd/dynamig-webhook/...; do \
+	@for p in ./api/... ./config/... ./nvml/... ./signing/... ./plugins/dynamicmig/placement/... ./plugins/dynamicmig/request/... ./webhook/... ./cmd/dynamig-webhook/...; do \
 		if $(GO) list -deps -test $$p | grep -q '^k8s.io/kubernetes/'; then echo "$$p links k8s.io/kubernetes"; exit 1; fi; \
 	done
 

@@ -149,7 +149,7 @@ func TestEncodeMigReservationsIsCanonical(t *testing.T) {
 		t.Fatal(err)
 	}
 	eb, _ := EncodeMigReservations(b)
-	if ea != eb || ReservationDigest(ea) != ReservationDigest(eb) {
+	if ea != eb {
 		t.Errorf("encoding depends on order:\n%s\n%s", ea, eb)
 	}
 	if !strings.HasPrefix(ea, `[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-1","profile":"1g.5gb","placement":{"start":2,"size":1}}`) {
@@ -165,9 +165,6 @@ func TestEncodeMigReservationsIsCanonical(t *testing.T) {
 	}
 	if _, err := EncodeMigReservations([]MigReservation{{GPUUUID: "GPU-1", Profile: "x"}}); err == nil {
 		t.Errorf("invalid records must not encode")
-	}
-	if ReservationDigest("[]") != "4f53cda18c2baa0c0354bb5f9a3ecbe5ed12ab4d8e11ba873c2f11161202b945" {
-		t.Errorf("digest is not hex SHA-256")
 	}
 }
 

@@ -72,10 +72,6 @@ const (
 	DefaultSystemNamespace = "dynamig-system"
 	HandoffLeasePrefix     = "dynamig-handoff-"
 	HeartbeatLeasePrefix   = "dynamig-heartbeat-"
-	// ReservationDigestAnnotation on the hand-off Lease is the hex SHA-256 of the reservation
-	// JSON that the scheduler handed off; the device plugin refuses a reservation whose digest
-	// differs.
-	ReservationDigestAnnotation = "dynamig.io/reservation-sha256"
 )
 
 // HandoffLeaseName is the name of the node's hand-off Lease.

@@ -2,8 +2,6 @@ package api
 
 import (
 	"cmp"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -61,7 +59,7 @@ func DecodeMigReservations(raw string) ([]MigReservation, error) {
 }
 
 // EncodeMigReservations validates the records and encodes them in (containerIndex,
-// deviceIndex) order, so equal reservations always encode to equal bytes (and digests).
+// deviceIndex) order, so equal reservations always encode to equal bytes (and signatures).
 func EncodeMigReservations(recs []MigReservation) (string, error) {
 	if err := ValidateMigReservations(recs).ToAggregate(); err != nil {
 		return "", err
@@ -75,13 +73,6 @@ func EncodeMigReservations(recs []MigReservation) (string, error) {
 	}
 	b, err := json.Marshal(sorted)
 	return string(b), err
-}
-
-// ReservationDigest is the hex SHA-256 of a reservation annotation value, as the hand-off
-// Lease carries it.
-func ReservationDigest(raw string) string {
-	sum := sha256.Sum256([]byte(raw))
-	return hex.EncodeToString(sum[:])
 }
 
 // ValidateMigReservations checks one pod's reservations on their own: complete records,

@@ -43,8 +43,15 @@ type DynamicMIGArgs struct {
 	// keeps strict binpacking at the cost of that wait.
 	HandoffAwareScoring *bool `json:"handoffAwareScoring,omitempty"`
 
-	// LeaseNamespace holds the hand-off and heartbeat Leases.
+	// LeaseNamespace holds the hand-off and heartbeat Leases and the ConfigMap of the
+	// reservation signing public keys.
 	LeaseNamespace string `json:"leaseNamespace,omitempty"`
+	// SigningKeyNamespace holds the Secret of the scheduler's reservation signing key; only
+	// the scheduler may read Secrets there (default dynamig-signing).
+	SigningKeyNamespace string `json:"signingKeyNamespace,omitempty"`
+	// CreateSigningKey lets the scheduler create its reservation signing key on first start
+	// when the Secret does not exist (default true). false: an operator provides the key.
+	CreateSigningKey *bool `json:"createSigningKey,omitempty"`
 	// HandoffLeaseDurationSeconds is the hand-off Lease's duration (default 60).
 	HandoffLeaseDurationSeconds int32 `json:"handoffLeaseDurationSeconds,omitempty"`
 	// HandoffTimeout bounds how long Bind waits for another pod's hand-off (default 2m).
@@ -76,6 +83,10 @@ func (a *DynamicMIGArgs) DeepCopyObject() runtime.Object {
 		v := *a.HandoffAwareScoring
 		out.HandoffAwareScoring = &v
 	}
+	if a.CreateSigningKey != nil {
+		v := *a.CreateSigningKey
+		out.CreateSigningKey = &v
+	}
 	if a.HandoffTimeout != nil {
 		v := *a.HandoffTimeout
 		out.HandoffTimeout = &v
@@ -95,12 +106,16 @@ func (a *DynamicMIGArgs) SetDefaults() {
 	setDefault(&a.MIGGPUSchedulerPolicy, api.PolicyBinpack)
 	setDefault(&a.HAMiCoreGPUSchedulerPolicy, api.PolicySpread)
 	setDefault(&a.LeaseNamespace, api.DefaultSystemNamespace)
+	setDefault(&a.SigningKeyNamespace, api.DefaultSigningKeyNamespace)
 	setDefault(&a.MetricsBindAddress, DefaultSchedulerMetricsAddress)
 	if a.FragmentationAware == nil {
 		a.FragmentationAware = ptrTo(true)
 	}
 	if a.HandoffAwareScoring == nil {
 		a.HandoffAwareScoring = ptrTo(true)
+	}
+	if a.CreateSigningKey == nil {
+		a.CreateSigningKey = ptrTo(true)
 	}
 	if a.HandoffLeaseDurationSeconds == 0 {
 		a.HandoffLeaseDurationSeconds = DefaultHandoffLeaseDurationSeconds
@@ -125,6 +140,9 @@ func (a *DynamicMIGArgs) Validate() field.ErrorList {
 	}
 	for _, msg := range validation.IsDNS1123Label(a.LeaseNamespace) {
 		errs = append(errs, field.Invalid(field.NewPath("leaseNamespace"), a.LeaseNamespace, msg))
+	}
+	for _, msg := range validation.IsDNS1123Label(a.SigningKeyNamespace) {
+		errs = append(errs, field.Invalid(field.NewPath("signingKeyNamespace"), a.SigningKeyNamespace, msg))
 	}
 	if a.HandoffLeaseDurationSeconds < 1 || a.HandoffLeaseDurationSeconds > 3600 {
 		errs = append(errs, field.Invalid(field.NewPath("handoffLeaseDurationSeconds"), a.HandoffLeaseDurationSeconds, "must be in 1..3600 seconds"))

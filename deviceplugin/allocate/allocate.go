@@ -26,6 +26,7 @@ import (
 	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
 	"github.com/dynamig/dynamig/deviceplugin/instances"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
+	"github.com/dynamig/dynamig/signing"
 )
 
 // Options configure an Allocator.
@@ -36,6 +37,8 @@ type Options struct {
 	LeaseNamespace string
 	Instances      *instances.Manager
 	Checkpoint     *checkpoint.Checkpoint
+	// Verifier checks each reservation's signature before anything is created.
+	Verifier *signing.Verifier
 	// PreemptionWait bounds how long Allocate waits for an instance of a pod being deleted
 	// to go from the reserved placement (default 60 s).
 	PreemptionWait time.Duration
@@ -55,8 +58,8 @@ func New(opts Options) (*Allocator, error) {
 	switch {
 	case opts.NodeName == "":
 		return nil, errors.New("allocate: NodeName is required")
-	case opts.Client == nil || opts.Instances == nil || opts.Checkpoint == nil:
-		return nil, errors.New("allocate: Client, Instances and Checkpoint are required")
+	case opts.Client == nil || opts.Instances == nil || opts.Checkpoint == nil || opts.Verifier == nil:
+		return nil, errors.New("allocate: Client, Instances, Checkpoint and Verifier are required")
 	}
 	if opts.LeaseNamespace == "" {
 		opts.LeaseNamespace = api.DefaultSystemNamespace
@@ -118,6 +121,11 @@ func (a *Allocator) allocate(ctx context.Context, req *pluginapi.ContainerAlloca
 	if err := a.checkUnambiguous(ctx, holder); err != nil {
 		return nil, because(reasonAttribution, err)
 	}
+	// Nothing is created for a reservation the scheduler did not sign for this pod and node.
+	if err := a.opts.Verifier.Verify(holder); err != nil {
+		a.failed(ctx, holder, err)
+		return nil, because(reasonTampered, err)
+	}
 	raw, ok := holder.Annotations[api.MigReservationsAnnotation]
 	if !ok {
 		if _, core := holder.Annotations[api.DevicesToAllocateAnnotation]; core {
@@ -128,9 +136,6 @@ func (a *Allocator) allocate(ctx context.Context, req *pluginapi.ContainerAlloca
 	recs, err := api.DecodeMigReservations(raw)
 	if err != nil {
 		return nil, fmt.Errorf("pod %s/%s: %w", holder.Namespace, holder.Name, err)
-	}
-	if err := checkDigest(lease, recs); err != nil {
-		return nil, because(reasonTampered, fmt.Errorf("pod %s/%s: %w", holder.Namespace, holder.Name, err))
 	}
 	gpuContainers := a.gpuContainers(holder)
 	idx, last := nextContainer(gpuContainers, recs)
@@ -221,27 +226,6 @@ func hasReservation(p *v1.Pod) bool {
 
 func ended(p *v1.Pod) bool {
 	return p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed
-}
-
-// checkDigest compares the reservation the scheduler handed off (the records without the
-// runtime identity this plugin adds, canonically encoded) with the Lease's digest.
-func checkDigest(lease *coordinationv1.Lease, recs []api.MigReservation) error {
-	want, ok := lease.Annotations[api.ReservationDigestAnnotation]
-	if !ok {
-		return fmt.Errorf("the hand-off Lease carries no %s: refusing a reservation the scheduler did not hand off", api.ReservationDigestAnnotation)
-	}
-	handed := make([]api.MigReservation, len(recs))
-	for i, r := range recs {
-		handed[i] = api.MigReservation{ContainerIndex: r.ContainerIndex, DeviceIndex: r.DeviceIndex, GPUUUID: r.GPUUUID, Profile: r.Profile, Placement: r.Placement}
-	}
-	raw, err := api.EncodeMigReservations(handed)
-	if err != nil {
-		return err
-	}
-	if got := api.ReservationDigest(raw); got != want {
-		return fmt.Errorf("the reservation differs from what the scheduler handed off (digest %s, Lease says %s): refusing a tampered reservation", got[:12], want[:min(12, len(want))])
-	}
-	return nil
 }
 
 // gpuContainers lists, in containerIndex order, the containers asking for the count resource.

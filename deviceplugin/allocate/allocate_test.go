@@ -2,6 +2,7 @@ package allocate
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"path/filepath"
 	"strings"
@@ -24,6 +25,7 @@ import (
 	"github.com/dynamig/dynamig/deviceplugin/instances"
 	"github.com/dynamig/dynamig/nvml"
 	"github.com/dynamig/dynamig/nvml/sim"
+	"github.com/dynamig/dynamig/signing"
 )
 
 const node = "mig-node"
@@ -37,6 +39,8 @@ type env struct {
 	cp     *checkpoint.Checkpoint
 	a      *Allocator
 	gpu    string
+	// key signs the reservations as the scheduler does; the Allocator accepts it.
+	key ed25519.PrivateKey
 }
 
 func newEnv(t *testing.T, objs ...runtime.Object) *env {
@@ -56,8 +60,13 @@ func newEnv(t *testing.T, objs ...runtime.Object) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, ctx: context.Background(), client: fake.NewClientset(objs...), sim: s, mgr: mgr, cp: cp, gpu: mgr.GPUs()[0]}
-	e.a, err = New(Options{NodeName: node, Client: e.client, Instances: mgr, Checkpoint: cp, PreemptionWait: 3 * time.Second, Poll: 20 * time.Millisecond})
+	key, err := signing.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, ctx: context.Background(), client: fake.NewClientset(objs...), sim: s, mgr: mgr, cp: cp, gpu: mgr.GPUs()[0], key: key}
+	e.a, err = New(Options{NodeName: node, Client: e.client, Instances: mgr, Checkpoint: cp, Verifier: signing.NewStaticVerifier(key.Public().(ed25519.PublicKey)),
+		PreemptionWait: 3 * time.Second, Poll: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,10 +93,19 @@ func (e *env) pod(name string, containers ...[]api.Placement) *v1.Pod {
 		e.t.Fatal(err)
 	}
 	p.Annotations[api.MigReservationsAnnotation] = raw
+	e.create(p)
+	return p
+}
+
+// create signs the pod's reservation, as the scheduler does on the Binding, and creates it.
+func (e *env) create(p *v1.Pod) {
+	e.t.Helper()
+	if err := api.SignReservation(e.key, string(p.UID), p.Spec.NodeName, p.Annotations); err != nil {
+		e.t.Fatal(err)
+	}
 	if _, err := e.client.CoreV1().Pods("default").Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
 		e.t.Fatal(err)
 	}
-	return p
 }
 
 func profileFor(size int) string {
@@ -97,9 +115,7 @@ func profileFor(size int) string {
 // handOff takes the hand-off Lease for the pod as the scheduler's Bind does.
 func (e *env) handOff(p *v1.Pod) {
 	e.t.Helper()
-	raw := p.Annotations[api.MigReservationsAnnotation]
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: api.HandoffLeaseName(node), Namespace: api.DefaultSystemNamespace,
-		Annotations: map[string]string{api.ReservationDigestAnnotation: api.ReservationDigest(raw)}},
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: api.HandoffLeaseName(node), Namespace: api.DefaultSystemNamespace},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(p.Namespace + "/" + p.Name + "/" + string(p.UID))}}
 	leases := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace)
 	if _, err := leases.Update(e.ctx, lease, metav1.UpdateOptions{}); err != nil {
@@ -222,18 +238,44 @@ func TestForgedAndTamperedReservations(t *testing.T) {
 	if _, err := e.allocate(1); err == nil || !strings.Contains(err.Error(), "no longer exists") {
 		t.Errorf("forged holder: %v", err)
 	}
-	// Tampered after the hand-off: the placement was edited.
-	e.handOff(p)
-	tampered := e.get("p")
-	tampered.Annotations[api.MigReservationsAnnotation] = strings.Replace(tampered.Annotations[api.MigReservationsAnnotation], `"start":0`, `"start":2`, 1)
-	if _, err := e.client.CoreV1().Pods("default").Update(e.ctx, tampered, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.allocate(1); err == nil || !strings.Contains(err.Error(), "tampered") {
-		t.Errorf("tampered: %v", err)
-	}
-	if len(e.gis()) != 0 {
-		t.Errorf("a refused Allocate created instances: %+v", e.gis())
+	// Tampered after the hand-off, unsigned, or signed by a key the plugin does not accept.
+	// None creates anything, and each says why.
+	for _, tc := range []struct {
+		name    string
+		edit    func(p *v1.Pod)
+		wantErr string
+	}{
+		{"placement edited", func(p *v1.Pod) {
+			p.Annotations[api.MigReservationsAnnotation] = strings.Replace(p.Annotations[api.MigReservationsAnnotation], `"start":0`, `"start":2`, 1)
+		}, "pod default/p: the signature of key"},
+		{"unsigned", func(p *v1.Pod) { delete(p.Annotations, api.ReservationSignatureAnnotation) }, "pod default/p carries no dynamig.io/reservation-signature"},
+		{"wrong key", func(p *v1.Pod) {
+			k, _ := signing.GenerateKey()
+			_ = api.SignReservation(k, string(p.UID), p.Spec.NodeName, p.Annotations)
+		}, "which is not in ConfigMap"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e.handOff(p)
+			pod := e.get("p")
+			saved := pod.DeepCopy()
+			tc.edit(pod)
+			if _, err := e.client.CoreV1().Pods("default").Update(e.ctx, pod, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.allocate(1); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("got %v, want %q", err, tc.wantErr)
+			}
+			if len(e.gis()) != 0 {
+				t.Errorf("a refused Allocate created instances: %+v", e.gis())
+			}
+			if got := e.get("p"); got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseFailed || !strings.Contains(got.Annotations[bindFailureAnnotation], tc.wantErr) {
+				t.Errorf("bind phase %q, failure %q", got.Annotations[api.BindPhaseAnnotation], got.Annotations[bindFailureAnnotation])
+			}
+			saved.ResourceVersion = ""
+			if _, err := e.client.CoreV1().Pods("default").Update(e.ctx, saved, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
@@ -404,11 +446,8 @@ func TestHAMiCoreAllocate(t *testing.T) {
 		{{UUID: "GPU-1", Type: "NVIDIA", MemoryMiB: 1000, Cores: 10}}})
 	p.Annotations[api.DevicesAllocatedAnnotation] = raw
 	p.Annotations[api.DevicesToAllocateAnnotation] = raw
-	if _, err := e.client.CoreV1().Pods("default").Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: api.HandoffLeaseName(node), Namespace: api.DefaultSystemNamespace,
-		Annotations: map[string]string{api.ReservationDigestAnnotation: api.ReservationDigest(raw)}},
+	e.create(p)
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: api.HandoffLeaseName(node), Namespace: api.DefaultSystemNamespace},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("default/core/uid-core")}}
 	e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Create(e.ctx, lease, metav1.CreateOptions{})
 	first, err := e.allocate(2)

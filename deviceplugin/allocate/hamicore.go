@@ -31,10 +31,6 @@ const hamiCoreContainerDir = "/usr/local/vgpu"
 // NVIDIA_VISIBLE_DEVICES and HAMi-core's limits in the environment, consuming that
 // container's segment of hami.io/vgpu-devices-to-allocate as HAMi's device plugin does.
 func (a *Allocator) allocateHAMiCore(ctx context.Context, lease *coordinationv1.Lease, pod *v1.Pod, req *pluginapi.ContainerAllocateRequest) (*pluginapi.ContainerAllocateResponse, error) {
-	allocated := pod.Annotations[api.DevicesAllocatedAnnotation]
-	if want := lease.Annotations[api.ReservationDigestAnnotation]; want == "" || api.ReservationDigest(allocated) != want {
-		return nil, fmt.Errorf("pod %s/%s: the hami-core assignment differs from what the scheduler handed off: refusing a tampered reservation", pod.Namespace, pod.Name)
-	}
 	pending, err := api.DecodeHAMiCoreDevices(api.DevicesToAllocateAnnotation, pod.Annotations[api.DevicesToAllocateAnnotation])
 	if err != nil {
 		return nil, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)

@@ -71,7 +71,6 @@ const bindFailureAnnotation = "dynamig.io/bind-failure"
 func (a *Allocator) releaseLease(ctx context.Context, lease *coordinationv1.Lease) {
 	l := lease.DeepCopy()
 	l.Spec.HolderIdentity = nil
-	delete(l.Annotations, api.ReservationDigestAnnotation)
 	if _, err := a.opts.Client.CoordinationV1().Leases(l.Namespace).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
 		klog.FromContext(ctx).Info("Hand-off Lease not released (a newer holder, or an API error)", "lease", klog.KObj(l), "err", err)
 	}

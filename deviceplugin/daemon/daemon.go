@@ -30,6 +30,7 @@ import (
 	"github.com/dynamig/dynamig/deviceplugin/publish"
 	"github.com/dynamig/dynamig/deviceplugin/server"
 	"github.com/dynamig/dynamig/nvml"
+	"github.com/dynamig/dynamig/signing"
 )
 
 // Options configure the daemon.
@@ -87,8 +88,12 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	verifier := signing.NewVerifier(opts.Client, opts.LeaseNamespace)
+	if err := verifier.Start(ctx); err != nil {
+		return fmt.Errorf("following the reservation public keys: %w", err)
+	}
 	alloc, err := allocate.New(allocate.Options{NodeName: opts.NodeName, Client: opts.Client, Names: opts.DeviceConfig.Nvidia.ResourceNames,
-		LeaseNamespace: opts.LeaseNamespace, Instances: mgr, Checkpoint: cp, PreemptionWait: opts.PreemptionWait,
+		LeaseNamespace: opts.LeaseNamespace, Instances: mgr, Checkpoint: cp, Verifier: verifier, PreemptionWait: opts.PreemptionWait,
 		HAMiCore: allocate.HAMiCoreOptions{HostDir: opts.HAMiCoreHostDir, MemoryScaling: memoryScaling(opts.DeviceConfig, opts.NodeName)}})
 	if err != nil {
 		return err

@@ -23,6 +23,7 @@ import (
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
 	"github.com/dynamig/dynamig/nvml/sim"
+	"github.com/dynamig/dynamig/signing"
 	"github.com/dynamig/dynamig/test/kubelet"
 )
 
@@ -56,6 +57,11 @@ func TestSeedExampleThroughKubelet(t *testing.T) {
 	}
 	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
 	cfg, _ := config.ParseDeviceConfig([]byte("nodeconfig:\n- name: mig-node\n  operatingmode: mig\n"))
+	// The scheduler's signing key, made and published as dynamig-scheduler does on start.
+	key, err := signing.LoadSigningKey(ctx, client, api.DefaultSigningKeyNamespace, api.DefaultSystemNamespace, true)
+	if err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, Options{NodeName: node, Client: client, NVML: s, DeviceConfig: cfg, SocketDir: dir, ReclaimInterval: time.Hour})
@@ -92,13 +98,15 @@ func TestSeedExampleThroughKubelet(t *testing.T) {
 		Spec: v1.PodSpec{NodeName: node, Containers: []v1.Container{{Name: "ubuntu", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
 			api.ResourceCount: resource.MustParse("2"), api.ResourceMemory: resource.MustParse("8000")}}}}},
 	}
+	if err := api.SignReservation(key, string(pod.UID), node, pod.Annotations); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := client.CoordinationV1().Leases(api.DefaultSystemNamespace).Create(ctx, &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: api.HandoffLeaseName(node), Namespace: api.DefaultSystemNamespace,
-			Annotations: map[string]string{api.ReservationDigestAnnotation: api.ReservationDigest(raw)}},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("default/gpu-pod1/uid-1")},
+		ObjectMeta: metav1.ObjectMeta{Name: api.HandoffLeaseName(node), Namespace: api.DefaultSystemNamespace},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("default/gpu-pod1/uid-1")},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package dynamicmig
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"strconv"
 	"strings"
@@ -37,7 +38,11 @@ func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		return fwk.AsStatus(fmt.Errorf("pod %s/%s was reserved on node %s, not %s", pod.Namespace, pod.Name, r.node, nodeName))
 	}
 	logger := klog.FromContext(ctx)
-	annotations, digest, err := bindingAnnotations(pod, nodeName, r.result)
+	key, err := pl.signingKeyFor(ctx)
+	if err != nil {
+		return fwk.AsStatus(fmt.Errorf("cannot sign the reservation of pod %s/%s: %w", pod.Namespace, pod.Name, err))
+	}
+	annotations, err := bindingAnnotations(pod, nodeName, r.result, key)
 	if err != nil {
 		return fwk.AsStatus(err)
 	}
@@ -52,7 +57,7 @@ func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		return fwk.AsStatus(fmt.Errorf("stopped waiting for other pods' hand-offs on node %s: %w", nodeName, err))
 	}
 	defer release()
-	if err := pl.takeHandoff(ctx, pod, nodeName, holder, digest, time.Now().Add(pl.args.HandoffTimeout.Duration)); err != nil {
+	if err := pl.takeHandoff(ctx, pod, nodeName, holder, time.Now().Add(pl.args.HandoffTimeout.Duration)); err != nil {
 		return fwk.AsStatus(err)
 	}
 	observeHandoffWait(waitStart)
@@ -72,21 +77,19 @@ func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Po
 }
 
 // bindingAnnotations are what the Binding carries: the reservation in its pool's format,
-// the node, the bind time and phase. digest is the SHA-256 the hand-off Lease records.
-func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result) (map[string]string, string, error) {
+// signed for this pod and node, the node, the bind time and phase.
+func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result, key ed25519.PrivateKey) (map[string]string, error) {
 	a := map[string]string{
 		api.AssignedNodeAnnotation: nodeName,
 		api.BindTimeAnnotation:     strconv.FormatInt(time.Now().Unix(), 10),
 		api.BindPhaseAnnotation:    api.BindPhaseAllocating,
 	}
-	var handedOff string
 	if res.Mode == api.ModeMIG {
 		raw, err := api.EncodeMigReservations(res.MigReservations())
 		if err != nil {
-			return nil, "", fmt.Errorf("encoding the reservation of %s/%s: %w", pod.Namespace, pod.Name, err)
+			return nil, fmt.Errorf("encoding the reservation of %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
 		a[api.MigReservationsAnnotation] = raw
-		handedOff = raw
 	} else {
 		containers := make([][]api.HAMiCoreDevice, len(pod.Spec.InitContainers)+len(pod.Spec.Containers))
 		for _, as := range res.Assignments {
@@ -97,9 +100,11 @@ func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result) (ma
 		raw := api.EncodeHAMiCoreDevices(containers)
 		a[api.DevicesAllocatedAnnotation] = raw
 		a[api.DevicesToAllocateAnnotation] = raw
-		handedOff = raw
 	}
-	return a, api.ReservationDigest(handedOff), nil
+	if err := api.SignReservation(key, string(pod.UID), nodeName, a); err != nil {
+		return nil, fmt.Errorf("signing the reservation of %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return a, nil
 }
 
 // holderIdentity names the pod in the hand-off Lease.
@@ -112,7 +117,7 @@ func holderIdentity(pod *v1.Pod) string {
 // fully realised, or still unbound after the Lease expired (a scheduler died between
 // Lease and Binding). The Lease and its holder are read from the informers, so a hand-off
 // costs one write and no read; a stale cache only costs a refused write and another look.
-func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, holder, digest string, deadline time.Time) error {
+func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, holder string, deadline time.Time) error {
 	leases := pl.client.CoordinationV1().Leases(pl.args.LeaseNamespace)
 	name := api.HandoffLeaseName(nodeName)
 	wait := 20 * time.Millisecond
@@ -124,7 +129,7 @@ func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, ho
 		switch {
 		case apierrors.IsNotFound(err):
 			lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: pl.args.LeaseNamespace}}
-			pl.fillHandoff(lease, holder, digest, now)
+			pl.fillHandoff(lease, holder, now)
 			written, err = leases.Create(ctx, lease, metav1.CreateOptions{})
 		case err != nil:
 		default:
@@ -135,7 +140,7 @@ func (pl *DynamicMIG) takeHandoff(ctx context.Context, pod *v1.Pod, nodeName, ho
 			}
 			if why == "" {
 				lease := cached.DeepCopy()
-				pl.fillHandoff(lease, holder, digest, now)
+				pl.fillHandoff(lease, holder, now)
 				written, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
 			} else {
 				err = fmt.Errorf("%s", why)
@@ -192,11 +197,7 @@ func newerVersion(a, b metav1.Object) bool {
 	return errA == nil && errB == nil && va > vb
 }
 
-func (pl *DynamicMIG) fillHandoff(lease *coordinationv1.Lease, holder, digest string, now metav1.MicroTime) {
-	if lease.Annotations == nil {
-		lease.Annotations = map[string]string{}
-	}
-	lease.Annotations[api.ReservationDigestAnnotation] = digest
+func (pl *DynamicMIG) fillHandoff(lease *coordinationv1.Lease, holder string, now metav1.MicroTime) {
 	lease.Spec.HolderIdentity = ptr.To(holder)
 	lease.Spec.LeaseDurationSeconds = ptr.To(pl.args.HandoffLeaseDurationSeconds)
 	lease.Spec.AcquireTime = &now
@@ -266,7 +267,6 @@ func (pl *DynamicMIG) releaseHandoff(ctx context.Context, nodeName, holder strin
 		return
 	}
 	lease.Spec.HolderIdentity = nil
-	delete(lease.Annotations, api.ReservationDigestAnnotation)
 	if _, err := leases.Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
 		klog.FromContext(ctx).Error(err, "Releasing the hand-off Lease after a failed Binding", "lease", klog.KObj(lease))
 	}

@@ -5,13 +5,16 @@ package dynamicmig
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	coordinationinformers "k8s.io/client-go/informers/coordination/v1"
 	clientset "k8s.io/client-go/kubernetes"
 	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
@@ -24,6 +27,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+	"github.com/dynamig/dynamig/signing"
 )
 
 // Name is the plugin's name in the scheduler configuration.
@@ -51,8 +55,12 @@ type DynamicMIG struct {
 	args   *config.DynamicMIGArgs
 	device *config.DeviceConfig
 	opts   placement.Options
-	leases coordinationlisters.LeaseNamespaceLister
-	pods   corelisters.PodLister
+	// signingKey signs each reservation on its Binding (api.SignReservation); loaded by the
+	// first Bind that needs it (signingKeyFor).
+	signingKeyMu sync.Mutex
+	signingKey   ed25519.PrivateKey
+	leases       coordinationlisters.LeaseNamespaceLister
+	pods         corelisters.PodLister
 	// leaseTimes are the heartbeat and hand-off Lease expiries per node.
 	leaseTimes *leaseTimes
 	// writtenLeases holds the hand-off Lease this scheduler last wrote, per Lease name.
@@ -134,7 +142,39 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 	}); err != nil {
 		return nil, fmt.Errorf("%s: watching pods: %w", Name, err)
 	}
+	go pl.loadSigningKey(ctx)
 	return pl, nil
+}
+
+// loadSigningKey reads (or, on a first start, creates) the signing key as the scheduler
+// starts, retrying with backoff, so a start while the API server is briefly unreachable or
+// RBAC is still being applied does not fail; until it succeeds, Bind tries too and fails GPU
+// pods with the reason, and they are retried.
+func (pl *DynamicMIG) loadSigningKey(ctx context.Context) {
+	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Cap: time.Minute, Steps: math.MaxInt32}
+	_ = wait.ExponentialBackoffWithContext(ctx, backoff, func(ctx context.Context) (bool, error) {
+		if _, err := pl.signingKeyFor(ctx); err != nil {
+			klog.FromContext(ctx).Error(err, "No reservation signing key yet: GPU pods are not bound until there is one")
+			return false, nil
+		}
+		return true, nil
+	})
+}
+
+// signingKeyFor returns the reservation signing key, loading it unless it is loaded.
+func (pl *DynamicMIG) signingKeyFor(ctx context.Context) (ed25519.PrivateKey, error) {
+	pl.signingKeyMu.Lock()
+	defer pl.signingKeyMu.Unlock()
+	if pl.signingKey != nil {
+		return pl.signingKey, nil
+	}
+	key, err := signing.LoadSigningKey(ctx, pl.client, pl.args.SigningKeyNamespace, pl.args.LeaseNamespace, *pl.args.CreateSigningKey)
+	if err != nil {
+		return nil, err
+	}
+	klog.FromContext(ctx).Info("Signing reservations", "keyID", api.KeyID(key.Public().(ed25519.PublicKey)))
+	pl.signingKey = key
+	return key, nil
 }
 
 // hasReservation reports whether the pod carries a reservation of either pool.

@@ -3,6 +3,7 @@ package dynamicmig
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -34,6 +35,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+	"github.com/dynamig/dynamig/signing"
 	"github.com/dynamig/dynamig/test/fixture"
 )
 
@@ -310,9 +312,23 @@ func TestSeedExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	last := e.pod("mig-workload")
-	if *lease.Spec.HolderIdentity != holderIdentity(last) ||
-		lease.Annotations[api.ReservationDigestAnnotation] != api.ReservationDigest(last.Annotations[api.MigReservationsAnnotation]) {
+	if *lease.Spec.HolderIdentity != holderIdentity(last) {
 		t.Errorf("hand-off Lease: %+v", lease)
+	}
+	// Each reservation is signed by the key the scheduler published for the device plugins.
+	cm, err := e.client.CoreV1().ConfigMaps(api.DefaultSystemNamespace).Get(e.ctx, api.PublicKeysConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := signing.PublicKeys(cm)
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("published keys %v, %v", keys, err)
+	}
+	verifier := signing.NewStaticVerifier(slices.Collect(maps.Values(keys))...)
+	for _, name := range []string{"gpu-pod1", "mig-workload"} {
+		if err := verifier.Verify(e.pod(name)); err != nil {
+			t.Error(err)
+		}
 	}
 	// Two writes per GPU pod: the Lease and the Binding.
 	writes := 0
@@ -322,6 +338,9 @@ func TestSeedExample(t *testing.T) {
 		}
 		if a.GetResource().Resource == "pods" && a.GetSubresource() == "" {
 			continue // the test's own pod creations
+		}
+		if r := a.GetResource().Resource; r == "secrets" || r == "configmaps" {
+			continue // the signing key, made once when the plugin starts
 		}
 		writes++
 	}

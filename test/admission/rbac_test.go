@@ -22,7 +22,7 @@ const rbacFile = "../../manifests/rbac.yaml"
 // those names are in system:masters; the reviews name the service accounts' real groups.)
 func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 	applyRBAC(ctx, t, admin)
-	sys := api.DefaultSystemNamespace
+	sys, signingNS := api.DefaultSystemNamespace, api.DefaultSigningKeyNamespace
 	type check struct {
 		verb, group, resource, subresource, namespace, name string
 		allowed                                             bool
@@ -40,6 +40,14 @@ func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
 			{verb: "patch", resource: "nodes"},
 			{verb: "list", resource: "secrets", namespace: sys},
+			{verb: "get", resource: "secrets", namespace: signingNS, name: api.SigningKeySecretName, allowed: true},
+			{verb: "create", resource: "secrets", namespace: signingNS, allowed: true},
+			{verb: "update", resource: "secrets", namespace: signingNS, name: api.SigningKeySecretName},
+			{verb: "list", resource: "secrets", namespace: signingNS},
+			{verb: "create", resource: "configmaps", namespace: sys, allowed: true},
+			{verb: "get", resource: "configmaps", namespace: sys, name: api.PublicKeysConfigMapName, allowed: true},
+			{verb: "patch", resource: "configmaps", namespace: sys, name: api.PublicKeysConfigMapName, allowed: true},
+			{verb: "patch", resource: "configmaps", namespace: sys, name: "dynamig-device-config"},
 		},
 		cluster.UserDevicePlugin: {
 			{verb: "list", resource: "pods", allowed: true},
@@ -58,6 +66,12 @@ func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 			{verb: "delete", group: "coordination.k8s.io", resource: "leases", namespace: sys},
 			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"},
 			{verb: "list", resource: "secrets", namespace: sys},
+			{verb: "get", resource: "configmaps", namespace: sys, name: api.PublicKeysConfigMapName, allowed: true},
+			{verb: "list", resource: "configmaps", namespace: sys, name: api.PublicKeysConfigMapName, allowed: true},
+			{verb: "watch", resource: "configmaps", namespace: sys, name: api.PublicKeysConfigMapName, allowed: true},
+			{verb: "patch", resource: "configmaps", namespace: sys, name: api.PublicKeysConfigMapName},
+			{verb: "list", resource: "configmaps", namespace: sys},
+			{verb: "get", resource: "secrets", namespace: signingNS, name: api.SigningKeySecretName},
 		},
 		cluster.UserWebhook: {
 			{verb: "list", resource: "secrets", namespace: sys, allowed: true},
@@ -73,6 +87,8 @@ func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 			{verb: "update", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "dynamig-webhook"},
 			{verb: "get", resource: "pods", namespace: "team-a"},
 			{verb: "patch", resource: "pods", namespace: "team-a"},
+			{verb: "list", resource: "secrets", namespace: signingNS},
+			{verb: "get", resource: "secrets", namespace: signingNS, name: api.SigningKeySecretName},
 		},
 	}
 	for user, checks := range cases {

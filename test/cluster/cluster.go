@@ -204,9 +204,12 @@ func start(ctx context.Context, tb ktesting.TB, ptb *processTB, opts Options) (_
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	ns := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: api.DefaultSystemNamespace}}
-	if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return nil, fmt.Errorf("creating namespace %s: %w", api.DefaultSystemNamespace, err)
+	// The namespaces of manifests/rbac.yaml: the system one, and the signing key's.
+	for _, name := range []string{api.DefaultSystemNamespace, api.DefaultSigningKeyNamespace} {
+		ns := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("creating namespace %s: %w", name, err)
+		}
 	}
 	return cp, nil
 }
@@ -276,6 +279,15 @@ func (cp *ControlPlane) WriteKubeconfig(user string) (string, error) {
 		return "", err
 	}
 	return p, nil
+}
+
+// SigningKeySetup reports whether an audit event is the scheduler's one-time setup of its
+// signing key (the Secret, or its public key in the ConfigMap): writes counted per pod
+// leave it out.
+func SigningKeySetup(ev auditv1.Event) bool {
+	r := ev.ObjectRef
+	return r != nil && (r.Resource == "secrets" && r.Namespace == api.DefaultSigningKeyNamespace && (r.Name == api.SigningKeySecretName || ev.Verb == "create") ||
+		r.Resource == "configmaps" && r.Namespace == api.DefaultSystemNamespace && (r.Name == api.PublicKeysConfigMapName || ev.Verb == "create"))
 }
 
 // AuditEvents reads the audit log: every completed write so far, in order.

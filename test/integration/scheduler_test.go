@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+	"github.com/dynamig/dynamig/signing"
 	"github.com/dynamig/dynamig/test/cluster"
 )
 
@@ -64,12 +67,17 @@ func TestGPUPodEndToEnd(t *testing.T) {
 	if got.Annotations[api.AssignedNodeAnnotation] != node || got.Annotations[api.BindTimeAnnotation] == "" {
 		t.Errorf("binding annotations: %v", got.Annotations)
 	}
-	lease, err := e.admin.CoordinationV1().Leases(api.DefaultSystemNamespace).Get(e.ctx, api.HandoffLeaseName(node), metav1.GetOptions{})
+	// Signed by the key the scheduler published when it started.
+	keys, err := e.admin.CoreV1().ConfigMaps(api.DefaultSystemNamespace).Get(e.ctx, api.PublicKeysConfigMapName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := api.ReservationDigest(got.Annotations[api.MigReservationsAnnotation]); lease.Annotations[api.ReservationDigestAnnotation] != d {
-		t.Errorf("hand-off Lease digest %q, want %q (the reservation's)", lease.Annotations[api.ReservationDigestAnnotation], d)
+	pubs, err := signing.PublicKeys(keys)
+	if err != nil || len(pubs) == 0 {
+		t.Fatalf("published keys %v, %v", pubs, err)
+	}
+	if err := signing.NewStaticVerifier(slices.Collect(maps.Values(pubs))...).Verify(got); err != nil {
+		t.Error(err)
 	}
 
 	// Writes are counted at the API server, per client identity: the scheduler runs with
@@ -107,7 +115,8 @@ func TestGPUPodEndToEnd(t *testing.T) {
 }
 
 // schedulerWrites lists the writes the scheduler's identity made since since, as
-// "verb resource[/subresource] namespace/name", events apart.
+// "verb resource[/subresource] namespace/name", events apart; the one-time setup of its
+// signing key is not a write for a pod.
 func schedulerWrites(t *testing.T, since time.Time) (writes, events []string) {
 	t.Helper()
 	evs, err := cp.AuditEvents()
@@ -115,7 +124,7 @@ func schedulerWrites(t *testing.T, since time.Time) (writes, events []string) {
 		t.Fatal(err)
 	}
 	for _, ev := range evs {
-		if ev.Stage != auditv1.StageResponseComplete || ev.User.Username != cluster.UserScheduler || ev.RequestReceivedTimestamp.Time.Before(since) {
+		if ev.Stage != auditv1.StageResponseComplete || ev.User.Username != cluster.UserScheduler || ev.RequestReceivedTimestamp.Time.Before(since) || cluster.SigningKeySetup(ev) {
 			continue
 		}
 		s := ev.Verb + " " + ev.RequestURI

@@ -258,7 +258,7 @@ func (e *extender) bind(ctx context.Context, args extenderv1.ExtenderBindingArgs
 		return err
 	}
 	holder := api.HandoffHolder(args.PodNamespace, args.PodName, string(args.PodUID))
-	if err := e.takeLease(ctx, args.Node, holder, api.ReservationDigest(raw)); err != nil {
+	if err := e.takeLease(ctx, args.Node, holder); err != nil {
 		return err
 	}
 	return e.client.CoreV1().Pods(args.PodNamespace).Bind(ctx, &v1.Binding{
@@ -274,7 +274,7 @@ func (e *extender) bind(ctx context.Context, args extenderv1.ExtenderBindingArgs
 
 // takeLease writes the node's hand-off Lease for holder once no other pod holds it (the
 // stand-in device plugin releases it as soon as its pod is bound).
-func (e *extender) takeLease(ctx context.Context, node, holder, digest string) error {
+func (e *extender) takeLease(ctx context.Context, node, holder string) error {
 	leases := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace)
 	name := api.HandoffLeaseName(node)
 	deadline := time.Now().Add(2 * time.Minute)
@@ -284,13 +284,13 @@ func (e *extender) takeLease(ctx context.Context, node, holder, digest string) e
 		switch {
 		case apierrors.IsNotFound(err):
 			l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: api.DefaultSystemNamespace}}
-			fillLease(l, holder, digest, now)
+			fillLease(l, holder, now)
 			if _, err = leases.Create(ctx, l, metav1.CreateOptions{}); err == nil {
 				return nil
 			}
 		case err != nil:
 		case ptr.Deref(l.Spec.HolderIdentity, "") == "" || *l.Spec.HolderIdentity == holder:
-			fillLease(l, holder, digest, now)
+			fillLease(l, holder, now)
 			if _, err = leases.Update(ctx, l, metav1.UpdateOptions{}); err == nil {
 				return nil
 			}
@@ -308,11 +308,7 @@ func (e *extender) takeLease(ctx context.Context, node, holder, digest string) e
 	}
 }
 
-func fillLease(l *coordinationv1.Lease, holder, digest string, now metav1.MicroTime) {
-	if l.Annotations == nil {
-		l.Annotations = map[string]string{}
-	}
-	l.Annotations[api.ReservationDigestAnnotation] = digest
+func fillLease(l *coordinationv1.Lease, holder string, now metav1.MicroTime) {
 	l.Spec.HolderIdentity = ptr.To(holder)
 	l.Spec.LeaseDurationSeconds = ptr.To[int32](60)
 	l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now

@@ -504,7 +504,7 @@ func gpuPod(ns, name string) *v1.Pod {
 
 // schedulerWrites counts the writes the scheduler's identity made in [since, until], as
 // "verb resource[/subresource]", those the server refused apart (with the code); events
-// are only counted.
+// are only counted, and the one-time setup of its signing key is left out.
 func schedulerWrites(cp *cluster.ControlPlane, since, until time.Time) (writes, refused map[string]int, events int, err error) {
 	evs, err := cp.AuditEvents()
 	if err != nil {
@@ -515,7 +515,7 @@ func schedulerWrites(cp *cluster.ControlPlane, since, until time.Time) (writes, 
 		if ev.Stage != auditv1.StageResponseComplete || ev.User.Username != cluster.UserScheduler {
 			continue
 		}
-		if t := ev.RequestReceivedTimestamp.Time; t.Before(since) || t.After(until) {
+		if t := ev.RequestReceivedTimestamp.Time; t.Before(since) || t.After(until) || cluster.SigningKeySetup(ev) {
 			continue
 		}
 		key := ev.Verb + " " + ev.RequestURI
