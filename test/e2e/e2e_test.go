@@ -15,14 +15,17 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/signing"
 	"github.com/dynamig/dynamig/test/sandbox"
 )
 
@@ -493,39 +496,74 @@ func TestWebhook(t *testing.T) {
 }
 
 // TestForgedBindingGetsNoInstance: with the admission policies removed (an operator's
-// mistake), a pod bound directly with a forged reservation still gets no instance: its
-// Allocate has no hand-off Lease, so the device plugin refuses it and kubelet fails the pod.
+// mistake) and even the node's hand-off Lease forged, a pod bound directly with a reservation
+// dynamig-scheduler did not sign gets no instance: the device plugin verifies the signature
+// before creating anything, refuses, and kubelet fails the pod with the reason.
 func TestForgedBindingGetsNoInstance(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
 	if err := w.c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().DeleteCollection(w.ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	uuid := w.sb.Nodes()[0].GPUUUIDs[0]
-	p := pod("forged", "mig", 1, 4000)
-	p.Spec.SchedulerName = "nobody" // no scheduler binds it
-	var err error
-	w.waitFor("the policies gone", 30*time.Second, func() (bool, string) {
-		_, err = w.c.CoreV1().Pods("default").Create(w.ctx, p, metav1.CreateOptions{})
-		return err == nil, fmt.Sprint(err)
-	})
-	forged := fmt.Sprintf(`[{"containerIndex":0,"deviceIndex":0,"gpuUUID":%q,"profile":"1g.5gb","placement":{"start":0,"size":1}}]`, uuid)
-	created := w.get("forged")
-	if err := w.c.CoreV1().Pods("default").Bind(w.ctx, &v1.Binding{
-		ObjectMeta: metav1.ObjectMeta{Name: "forged", Namespace: "default", UID: created.UID,
-			Annotations: map[string]string{api.MigReservationsAnnotation: forged, api.BindPhaseAnnotation: api.BindPhaseAllocating}},
-		Target: v1.ObjectReference{Kind: "Node", Name: "n"},
-	}, metav1.CreateOptions{}); err != nil {
+	otherKey, err := signing.GenerateKey()
+	if err != nil {
 		t.Fatal(err)
 	}
-	w.waitFor("kubelet to fail the forged pod", 30*time.Second, func() (bool, string) {
-		got := w.get("forged")
-		return got.Status.Phase == v1.PodFailed, string(got.Status.Phase)
-	})
-	if msg := w.get("forged").Status.Message; !strings.Contains(msg, "hand-off") {
-		t.Errorf("the refusal should say why: %q", msg)
+	for i, tc := range []struct {
+		name    string
+		sign    func(uid types.UID, a map[string]string)
+		wantMsg string
+	}{
+		{"unsigned", func(types.UID, map[string]string) {}, "carries no " + api.ReservationSignatureAnnotation},
+		{"wrong-key", func(uid types.UID, a map[string]string) { _ = api.SignReservation(otherKey, string(uid), "n", a) }, "which is not in ConfigMap"},
+	} {
+		p := pod(tc.name, "mig", 1, 4000)
+		p.Spec.SchedulerName = "nobody" // no scheduler binds it
+		w.waitFor("the policies gone", 30*time.Second, func() (bool, string) {
+			_, err = w.c.CoreV1().Pods("default").Create(w.ctx, p, metav1.CreateOptions{})
+			return err == nil, fmt.Sprint(err)
+		})
+		created := w.get(tc.name)
+		annotations := map[string]string{
+			api.MigReservationsAnnotation: fmt.Sprintf(`[{"containerIndex":0,"deviceIndex":0,"gpuUUID":%q,"profile":"1g.5gb","placement":{"start":%d,"size":1}}]`, uuid, i),
+			api.BindPhaseAnnotation:       api.BindPhaseAllocating,
+		}
+		tc.sign(created.UID, annotations)
+		w.forgeHandoff("n", created)
+		if err := w.c.CoreV1().Pods("default").Bind(w.ctx, &v1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Name: tc.name, Namespace: "default", UID: created.UID, Annotations: annotations},
+			Target:     v1.ObjectReference{Kind: "Node", Name: "n"},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		w.waitFor("kubelet to fail the forged pod", 30*time.Second, func() (bool, string) {
+			got := w.get(tc.name)
+			return got.Status.Phase == v1.PodFailed, string(got.Status.Phase)
+		})
+		if got := w.get(tc.name); !strings.Contains(got.Status.Message, tc.wantMsg) || got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseFailed {
+			t.Errorf("%s: the refusal should say why: %q (bind-phase %q)", tc.name, got.Status.Message, got.Annotations[api.BindPhaseAnnotation])
+		}
+		if hw := w.instances("n"); len(hw) != 0 {
+			t.Errorf("%s: a forged reservation got instances: %v", tc.name, hw)
+		}
 	}
-	if hw := w.instances("n"); len(hw) != 0 {
-		t.Errorf("a forged reservation got instances: %v", hw)
+}
+
+// forgeHandoff writes the node's hand-off Lease for the pod, as a compromised component could.
+func (w *world) forgeHandoff(node string, p *v1.Pod) {
+	w.t.Helper()
+	leases := w.c.CoordinationV1().Leases(api.DefaultSystemNamespace)
+	holder := ptr.To(api.HandoffHolder(p.Namespace, p.Name, string(p.UID)))
+	l, err := leases.Get(w.ctx, api.HandoffLeaseName(node), metav1.GetOptions{})
+	if err == nil {
+		l.Spec.HolderIdentity = holder
+		_, err = leases.Update(w.ctx, l, metav1.UpdateOptions{})
+	} else {
+		_, err = leases.Create(w.ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: api.HandoffLeaseName(node), Namespace: api.DefaultSystemNamespace},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: holder}}, metav1.CreateOptions{})
+	}
+	if err != nil {
+		w.t.Fatal(err)
 	}
 }
 
