@@ -1,0 +1,305 @@
+// Package kubeletnode runs a real kubelet (built from the pinned k8s.io/kubernetes) as a test
+// node, on Runtime, a fake CRI runtime that resolves CDI devices as containerd does.
+//
+// The host is left untouched: the kubelet runs in a private mount namespace (unshare -m, or
+// unshare -Urm with the KubeletInUserNamespace gate when not root) where the test's own
+// directories are bound over /var/lib and /var/log, /run is a tmpfs, and the three sysctls
+// it would write are files of the wanted values bound read-only over /proc/sys. Everything
+// else (the device plugin, the test) stays outside and reaches the kubelet's sockets at
+// their host paths (DevicePluginDir, PodResourcesSocket). Ports are on loopback.
+package kubeletnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// KubeletEnv names the kubelet binary tests use; `make test` builds it into bin/kubelet
+// and sets it. Without it, Binary builds one.
+const KubeletEnv = "DYNAMIG_KUBELET"
+
+// Version is the Kubernetes version of the pinned kubelet, stamped into the binary so the
+// Node reports it.
+const Version = "v1.35.4"
+
+var (
+	buildOnce sync.Once
+	built     string
+	buildErr  error
+)
+
+// Binary returns the kubelet binary: $DYNAMIG_KUBELET, or one built once per process into
+// a temporary directory from the module's k8s.io/kubernetes/cmd/kubelet tool (about a
+// minute with a warm build cache).
+func Binary() (string, error) {
+	if p := os.Getenv(KubeletEnv); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("%s=%s: %w", KubeletEnv, p, err)
+		}
+		return p, nil
+	}
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "dynamig-kubelet")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		built = filepath.Join(dir, "kubelet")
+		cmd := exec.Command("go", "build", "-ldflags", LDFlags(), "-o", built, "k8s.io/kubernetes/cmd/kubelet")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("building the kubelet: %w\n%s", err, out)
+		}
+	})
+	return built, buildErr
+}
+
+// LDFlags stamp Version into a kubelet build.
+func LDFlags() string {
+	major, minor, _ := strings.Cut(strings.TrimPrefix(Version, "v"), ".")
+	minor, _, _ = strings.Cut(minor, ".")
+	const pkg = "k8s.io/component-base/version"
+	return fmt.Sprintf("-X %s.gitVersion=%s -X %s.gitMajor=%s -X %s.gitMinor=%s", pkg, Version, pkg, major, pkg, minor)
+}
+
+// Options configure a Node.
+type Options struct {
+	// Kubelet is the binary (Binary()).
+	Kubelet string
+	// Kubeconfig reaches the API server as the node.
+	Kubeconfig string
+	// NodeName is the Node's name.
+	NodeName string
+	// Dir holds everything of this node; short (unix socket paths are limited to 108 bytes).
+	Dir string
+	// Log receives the kubelet's output (nil: discarded).
+	Log io.Writer
+	// Verbosity is the kubelet's -v (default 1).
+	Verbosity int
+	// NodeStatusUpdateFrequency (default 2 s).
+	NodeStatusUpdateFrequency time.Duration
+}
+
+// Node is one kubelet and its runtime.
+type Node struct {
+	opts    Options
+	Runtime *Runtime
+	// DevicePluginDir is where device plugins put their sockets and the kubelet its
+	// registration socket, at its host path.
+	DevicePluginDir string
+	// PodResourcesSocket is the kubelet's PodResources API, at its host path.
+	PodResourcesSocket string
+	// CDIDir is the CDI spec directory the runtime resolves names in.
+	CDIDir string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Start starts the runtime and the kubelet. It returns once the kubelet process runs; the
+// caller waits for the Node to be Ready as it needs.
+func Start(ctx context.Context, opts Options) (*Node, error) {
+	if opts.Kubelet == "" || opts.Kubeconfig == "" || opts.NodeName == "" || opts.Dir == "" {
+		return nil, errors.New("kubeletnode: Kubelet, Kubeconfig, NodeName and Dir are required")
+	}
+	if opts.NodeStatusUpdateFrequency == 0 {
+		opts.NodeStatusUpdateFrequency = 2 * time.Second
+	}
+	if opts.Verbosity == 0 {
+		opts.Verbosity = 1
+	}
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	n := &Node{opts: opts,
+		DevicePluginDir:    filepath.Join(opts.Dir, "var-lib", "kubelet", "device-plugins"),
+		PodResourcesSocket: filepath.Join(opts.Dir, "var-lib", "kubelet", "pod-resources", "kubelet.sock"),
+		CDIDir:             filepath.Join(opts.Dir, "cdi"),
+	}
+	for _, d := range []string{n.DevicePluginDir, filepath.Dir(n.PodResourcesSocket), n.CDIDir, n.path("var-log"), n.path("sysctl"), n.path("pod-logs"), n.path("volume-plugins")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	rt, err := StartRuntime(n.path("cri.sock"), n.CDIDir)
+	if err != nil {
+		return nil, err
+	}
+	n.Runtime = rt
+	if err := n.writeConfig(); err != nil {
+		rt.Stop()
+		return nil, err
+	}
+	if err := n.startKubelet(); err != nil {
+		rt.Stop()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) path(elem ...string) string { return filepath.Join(append([]string{n.opts.Dir}, elem...)...) }
+
+// sysctls are what the kubelet sets at start (kubelet's setupKernelTunables): files of these
+// values are bound read-only over them, so it finds them set and writes nothing.
+var sysctls = map[string]string{"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
+
+func (n *Node) writeConfig() error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	healthz, err := freePort()
+	if err != nil {
+		return err
+	}
+	cfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: %d
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: %d
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization: {mode: AlwaysAllow}
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failCgroupV1: false
+failSwapOn: false
+localStorageCapacityIsolation: false
+containerRuntimeEndpoint: unix://%s
+podLogsDir: %s
+volumePluginDir: %s
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "1Ki", nodefs.available: "0%%", imagefs.available: "0%%"}
+nodeStatusUpdateFrequency: %s
+serializeImagePulls: false
+`, port, healthz, n.path("cri.sock"), n.path("pod-logs"), n.path("volume-plugins"), n.opts.NodeStatusUpdateFrequency)
+	if err := os.WriteFile(n.path("kubelet.yaml"), []byte(cfg), 0o644); err != nil {
+		return err
+	}
+	for name, v := range sysctls {
+		if err := os.WriteFile(n.path("sysctl", strings.ReplaceAll(name, "/", "-")), []byte(v+"\n"), 0o444); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// script is what runs in the private mount namespace before the kubelet: the binds that keep
+// the host untouched. It fails (and the kubelet never starts) if any bind fails.
+func (n *Node) script() string {
+	var b strings.Builder
+	b.WriteString("set -e\n")
+	fmt.Fprintf(&b, "mount --bind %q /var/lib\n", n.path("var-lib"))
+	fmt.Fprintf(&b, "mount --bind %q /var/log\n", n.path("var-log"))
+	b.WriteString("mount -t tmpfs tmpfs /run\n")
+	for name := range sysctls {
+		f := n.path("sysctl", strings.ReplaceAll(name, "/", "-"))
+		fmt.Fprintf(&b, "mount --bind %q /proc/sys/%s\nmount -o remount,bind,ro /proc/sys/%s\n", f, name, name)
+	}
+	args := []string{n.opts.Kubelet, "--config=" + n.path("kubelet.yaml"), "--kubeconfig=" + n.opts.Kubeconfig,
+		"--root-dir=/var/lib/kubelet", "--cert-dir=" + n.path("pki"), "--hostname-override=" + n.opts.NodeName,
+		"-v=" + strconv.Itoa(n.opts.Verbosity)}
+	if os.Geteuid() != 0 {
+		args = append(args, "--feature-gates=KubeletInUserNamespace=true")
+	}
+	b.WriteString("exec")
+	for _, a := range args {
+		fmt.Fprintf(&b, " %q", a)
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+func (n *Node) startKubelet() error {
+	unshare := []string{"-m", "--propagation", "private"}
+	if os.Geteuid() != 0 {
+		unshare = []string{"-Urm", "--propagation", "private"}
+	}
+	cmd := exec.Command("unshare", append(unshare, "sh", "-c", n.script())...)
+	cmd.Stdout, cmd.Stderr = n.opts.Log, n.opts.Log
+	// Its own process group, so Stop ends the kubelet and nothing else.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting the kubelet: %w", err)
+	}
+	done := make(chan struct{})
+	n.mu.Lock()
+	n.cmd, n.done = cmd, done
+	n.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		n.mu.Lock()
+		n.err = err
+		n.mu.Unlock()
+		close(done)
+	}()
+	return nil
+}
+
+// StopKubelet ends the kubelet (SIGTERM, then SIGKILL after 10 s) and waits for it; the
+// runtime and its containers stay, as a kubelet restart leaves them.
+func (n *Node) StopKubelet() {
+	n.mu.Lock()
+	cmd, done := n.cmd, n.done
+	n.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+}
+
+// RestartKubelet stops the kubelet and starts it again on the same directories.
+func (n *Node) RestartKubelet() error {
+	n.StopKubelet()
+	return n.startKubelet()
+}
+
+// Exited reports whether the kubelet has exited, and with what.
+func (n *Node) Exited() (bool, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	select {
+	case <-n.done:
+		return true, n.err
+	default:
+		return false, nil
+	}
+}
+
+// Stop ends the kubelet and the runtime.
+func (n *Node) Stop() {
+	n.StopKubelet()
+	n.Runtime.Stop()
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,174 @@
+package kubeletnode
+
+import (
+	"bytes"
+	"context"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/dynamig/dynamig/test/cluster"
+)
+
+// syncBuffer collects the kubelet's output for a failing test's log.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type env struct {
+	t      *testing.T
+	ctx    context.Context
+	client kubernetes.Interface
+	node   *Node
+	log    *syncBuffer
+}
+
+func startNode(t *testing.T) *env {
+	t.Helper()
+	kubelet, err := Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := cluster.Start(t, cluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := cp.Client(cluster.UserAdmin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "kn") // short: unix socket paths are limited
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &syncBuffer{}
+	n, err := Start(context.Background(), Options{Kubelet: kubelet, Kubeconfig: cp.Kubeconfig, NodeName: "kn", Dir: dir, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, ctx: context.Background(), client: client, node: n, log: log}
+	t.Cleanup(func() {
+		n.Stop()
+		if t.Failed() {
+			out := log.String()
+			t.Logf("kubelet output (last 20000 bytes):\n%s", out[max(0, len(out)-20000):])
+		}
+		_ = os.RemoveAll(dir)
+	})
+	e.waitFor("node Ready", time.Minute, func() (bool, string) {
+		node, err := client.CoreV1().Nodes().Get(e.ctx, "kn", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == v1.NodeReady {
+				return c.Status == v1.ConditionTrue, c.Reason + ": " + c.Message
+			}
+		}
+		return false, "no Ready condition"
+	})
+	return e
+}
+
+func (e *env) waitFor(what string, timeout time.Duration, cond func() (bool, string)) {
+	e.t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		if exited, err := e.node.Exited(); exited {
+			last = "the kubelet exited: " + errString(err)
+			return false, nil
+		}
+		ok, s := cond()
+		last = s
+		return ok, nil
+	})
+	if err != nil {
+		e.t.Fatalf("waiting for %s: %s", what, last)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
+}
+
+// TestPodLifecycle: the real kubelet registers the node, runs a pod on the fake runtime
+// (recording its environment), and the pod succeeds when the test ends its container.
+// Nothing of the host changes: the sysctls keep their values.
+func TestPodLifecycle(t *testing.T) {
+	before := readSysctls(t)
+	e := startNode(t)
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default"}, Spec: v1.PodSpec{
+		NodeName: "kn", RestartPolicy: v1.RestartPolicyNever, AutomountServiceAccountToken: ptr.To(false),
+		Containers: []v1.Container{{Name: "main", Image: "busybox", Env: []v1.EnvVar{{Name: "GREETING", Value: "hello"}}}},
+	}}
+	created, err := e.client.CoreV1().Pods("default").Create(e.ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("the pod Running", time.Minute, func() (bool, string) {
+		got, err := e.client.CoreV1().Pods("default").Get(e.ctx, "p", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return got.Status.Phase == v1.PodRunning, string(got.Status.Phase) + " " + got.Status.Message
+	})
+	c, ok := e.node.Runtime.Latest(created.UID, "main")
+	if !ok || c.Env["GREETING"] != "hello" || c.PodName != "p" {
+		t.Errorf("container as the runtime saw it: %+v", c)
+	}
+	if err := e.node.Runtime.Exit(created.UID, "main", 0); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("the pod Succeeded", time.Minute, func() (bool, string) {
+		got, err := e.client.CoreV1().Pods("default").Get(e.ctx, "p", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return got.Status.Phase == v1.PodSucceeded, string(got.Status.Phase)
+	})
+	if after := readSysctls(t); after != before {
+		t.Errorf("host sysctls changed: %q → %q", before, after)
+	}
+	if _, err := os.Stat("/var/lib/kubelet/device-plugins/kubelet.sock"); err == nil {
+		t.Error("the kubelet wrote the host's /var/lib/kubelet")
+	}
+}
+
+func readSysctls(t *testing.T) string {
+	t.Helper()
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(sysctls)) {
+		b, err := os.ReadFile("/proc/sys/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, name+"="+strings.TrimSpace(string(b)))
+	}
+	return strings.Join(out, " ")
+}

@@ -1,0 +1,159 @@
+package kubeletnode
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/types"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/cri-client/pkg/fake"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+)
+
+// Runtime is a CRI runtime for the kubelet: k8s.io/cri-client's fake, which runs nothing,
+// with CreateContainer resolving the container's CDI devices against the spec directory
+// through the CDI library containerd uses. A name that does not resolve fails the create,
+// as containerd fails it; what resolved is recorded, so a test asserts what the container
+// would see. Containers run until the test ends them (Exit).
+type Runtime struct {
+	*fake.RemoteRuntime
+	server *grpc.Server
+	cdi    *cdi.Cache
+
+	mu      sync.Mutex
+	created []Container
+}
+
+// Container is what one CreateContainer resolved.
+type Container struct {
+	ID           string
+	PodUID       types.UID
+	PodNamespace string
+	PodName      string
+	Name         string
+	Attempt      uint32
+	// CDIDevices are the names the kubelet passed (from the device plugin's Allocate answer).
+	CDIDevices []string
+	// Env is the container's environment after CDI injection (the kubelet's own variables,
+	// the Allocate answer's, and the CDI specs' edits).
+	Env map[string]string
+	// DeviceNodes are the device nodes the CDI specs added.
+	DeviceNodes []string
+}
+
+// StartRuntime serves the runtime on the unix socket, resolving CDI names in cdiDir.
+func StartRuntime(socket, cdiDir string) (*Runtime, error) {
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(cdiDir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("CDI cache of %s: %w", cdiDir, err)
+	}
+	r := &Runtime{RemoteRuntime: fake.NewFakeRemoteRuntime(), server: grpc.NewServer(), cdi: cache}
+	r.RuntimeService.FakeStatus = &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
+		{Type: runtimeapi.RuntimeReady, Status: true},
+		{Type: runtimeapi.NetworkReady, Status: true},
+	}}
+	r.RuntimeService.FakeLinuxConfiguration = &runtimeapi.LinuxRuntimeConfiguration{CgroupDriver: runtimeapi.CgroupDriver_CGROUPFS}
+	r.ImageService.SetFakeImageSize(1 << 20)
+	runtimeapi.RegisterRuntimeServiceServer(r.server, r)
+	runtimeapi.RegisterImageServiceServer(r.server, r)
+	_ = os.Remove(socket)
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		return nil, err
+	}
+	go func() { _ = r.server.Serve(l) }()
+	return r, nil
+}
+
+// Stop stops serving.
+func (r *Runtime) Stop() { r.server.Stop() }
+
+// CreateContainer resolves the CDI devices, then creates the container in the fake.
+func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	cfg := req.GetConfig()
+	var names []string
+	for _, d := range cfg.GetCDIDevices() {
+		names = append(names, d.GetName())
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	for _, kv := range cfg.GetEnvs() {
+		spec.Process.Env = append(spec.Process.Env, kv.GetKey()+"="+kv.GetValue())
+	}
+	if len(names) > 0 {
+		// The spec directory is read at each create: the device plugin writes specs just
+		// before (PreStartContainer), as containerd's cache would see them by then. Like
+		// containerd, a bad spec file is only reported when a name does not resolve.
+		refreshErr := r.cdi.Refresh()
+		if unresolved, err := r.cdi.InjectDevices(spec, names...); err != nil {
+			return nil, fmt.Errorf("CDI device injection failed: unresolvable CDI devices %s: %w (spec directory: %v)", strings.Join(unresolved, ", "), err, refreshErr)
+		}
+	}
+	resp, err := r.RemoteRuntime.CreateContainer(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	sandbox := req.GetSandboxConfig().GetMetadata()
+	c := Container{
+		ID: resp.ContainerId, PodUID: types.UID(sandbox.GetUid()), PodNamespace: sandbox.GetNamespace(), PodName: sandbox.GetName(),
+		Name: cfg.GetMetadata().GetName(), Attempt: cfg.GetMetadata().GetAttempt(), CDIDevices: names, Env: map[string]string{},
+	}
+	for _, kv := range spec.Process.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		c.Env[k] = v
+	}
+	for _, d := range spec.Linux.Devices {
+		c.DeviceNodes = append(c.DeviceNodes, d.Path)
+	}
+	r.mu.Lock()
+	r.created = append(r.created, c)
+	r.mu.Unlock()
+	// The fake logs every call and never forgets; a long test would grow it without bound.
+	r.RuntimeService.Lock()
+	r.RuntimeService.Called = nil
+	r.RuntimeService.Unlock()
+	return resp, nil
+}
+
+// Created lists the containers created so far, oldest first.
+func (r *Runtime) Created() []Container {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.created)
+}
+
+// Latest is the newest container created for the pod's container, if any.
+func (r *Runtime) Latest(pod types.UID, container string) (Container, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := len(r.created) - 1; i >= 0; i-- {
+		if c := r.created[i]; c.PodUID == pod && c.Name == container {
+			return c, true
+		}
+	}
+	return Container{}, false
+}
+
+// Exit ends the newest running container of the pod's container with the exit code, as a
+// process that returned; the kubelet sees it at its next relist.
+func (r *Runtime) Exit(pod types.UID, container string, code int32) error {
+	c, ok := r.Latest(pod, container)
+	if !ok {
+		return fmt.Errorf("no container %s of pod %s was created", container, pod)
+	}
+	r.RuntimeService.Lock()
+	defer r.RuntimeService.Unlock()
+	fc, ok := r.RuntimeService.Containers[c.ID]
+	if !ok || fc.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		return fmt.Errorf("container %s (%s of pod %s) is not running", c.ID, container, pod)
+	}
+	fc.State, fc.ExitCode, fc.FinishedAt = runtimeapi.ContainerState_CONTAINER_EXITED, code, time.Now().UnixNano()
+	return nil
+}

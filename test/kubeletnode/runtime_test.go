@@ -1,0 +1,69 @@
+package kubeletnode
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+const spec = `cdiVersion: "0.6.0"
+kind: dynamig.io/mig
+devices:
+- name: n-gpu0-slot1
+  containerEdits:
+    env: ["NVIDIA_VISIBLE_DEVICES=MIG-1234"]
+    deviceNodes: [{path: /dev/null}]
+`
+
+// TestRuntimeResolvesCDI: CDI names resolve against the spec directory as read at the
+// create (a spec written just before counts), the container's environment is recorded, and
+// a name without a spec fails the create, as containerd does.
+func TestRuntimeResolvesCDI(t *testing.T) {
+	dir := t.TempDir()
+	rt, err := StartRuntime(filepath.Join(dir, "cri.sock"), filepath.Join(dir, "cdi"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Stop()
+	ctx := context.Background()
+	sandbox := &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "default", Uid: "uid-1"}}
+	id, err := rt.RuntimeService.RunPodSandbox(ctx, sandbox, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	create := func(name string, devices ...string) error {
+		cfg := &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: name}, Image: &runtimeapi.ImageSpec{Image: "busybox"},
+			Envs: []*runtimeapi.KeyValue{{Key: "A", Value: "1"}}}
+		for _, d := range devices {
+			cfg.CDIDevices = append(cfg.CDIDevices, &runtimeapi.CDIDevice{Name: d})
+		}
+		_, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: id, Config: cfg, SandboxConfig: sandbox})
+		return err
+	}
+	if err := create("early", "dynamig.io/mig=n-gpu0-slot1"); err == nil || !strings.Contains(err.Error(), "unresolvable CDI devices dynamig.io/mig=n-gpu0-slot1") {
+		t.Errorf("before the spec exists: %v", err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "cdi"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cdi", "dynamig.yaml"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := create("main", "dynamig.io/mig=n-gpu0-slot1"); err != nil {
+		t.Fatal(err)
+	}
+	c, ok := rt.Latest("uid-1", "main")
+	if !ok || c.Env["NVIDIA_VISIBLE_DEVICES"] != "MIG-1234" || c.Env["A"] != "1" || len(c.DeviceNodes) != 1 || c.DeviceNodes[0] != "/dev/null" {
+		t.Errorf("resolved container: %+v", c)
+	}
+	if err := create("other", "dynamig.io/mig=n-gpu0-slot2"); err == nil {
+		t.Error("a name without a spec resolved")
+	}
+	if len(rt.Created()) != 1 {
+		t.Errorf("failed creates were recorded: %+v", rt.Created())
+	}
+}
