@@ -149,7 +149,9 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	return n, nil
 }
 
-func (n *Node) path(elem ...string) string { return filepath.Join(append([]string{n.opts.Dir}, elem...)...) }
+func (n *Node) path(elem ...string) string {
+	return filepath.Join(append([]string{n.opts.Dir}, elem...)...)
+}
 
 // sysctls are what the kubelet sets at start (kubelet's setupKernelTunables): files of these
 // values are bound read-only over them, so it finds them set and writes nothing.
