@@ -70,7 +70,7 @@ lint:
 # The in-process sandbox (etcd, kube-apiserver, dynamig-scheduler, simulated GPU nodes with
 # the real device plugin): apply examples/, wait until both pods run with realised MIG
 # reservations, print them and the A100's occupancy, stop. Needs only Go and gcc.
-demo:
+demo: $(KUBELET)
 	$(GO) build -o $(BIN)/dynamig-sandbox ./cmd/dynamig-sandbox
 	$(BIN)/dynamig-sandbox demo --examples examples --scheduler-config manifests/scheduler-config.yaml
 

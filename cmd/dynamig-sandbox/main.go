@@ -1,10 +1,11 @@
-// Command dynamig-sandbox runs a whole dynamig cluster in one process: etcd, the real
-// kube-apiserver, the real dynamig-scheduler, and simulated GPU nodes, each with the real
-// dynamig-device-plugin on simulated NVML and a kubelet stand-in. No Docker, no kubelet, no
-// GPU.
+// Command dynamig-sandbox runs a whole dynamig cluster on one machine: etcd, the real
+// kube-apiserver and the real dynamig-scheduler in-process, and simulated GPU nodes, each the
+// real kubelet (a process in a private mount namespace, on a fake container runtime that
+// resolves CDI devices) with the real dynamig-device-plugin on simulated NVML. No Docker, no
+// containers, no GPU; nothing on the host changes.
 //
-//	dynamig-sandbox [--config sandbox.yaml] [--kubeconfig-out PATH] [--state-out PATH] [--scheduler-config manifests/scheduler-config.yaml] [-v[=N]]
-//	dynamig-sandbox demo [--examples examples/] [--scheduler-config ...] [--timeout 2m] [-v[=N]]
+//	dynamig-sandbox [--config sandbox.yaml] [--kubeconfig-out PATH] [--state-out PATH] [--scheduler-config manifests/scheduler-config.yaml] [--kubelet bin/kubelet] [-v[=N]]
+//	dynamig-sandbox demo [--examples examples/] [--scheduler-config ...] [--kubelet ...] [--timeout 2m] [-v[=N]]
 //
 // The first form runs until SIGINT or SIGTERM and prints `ready` on stdout once every node
 // has registered its devices and published its inventory. The second starts the default

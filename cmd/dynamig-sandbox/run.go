@@ -16,6 +16,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/dynamig/dynamig/test/kubeletnode"
 	"github.com/dynamig/dynamig/test/sandbox"
 )
 
@@ -42,7 +43,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	configPath := fs.String("config", "", "sandbox config (YAML): nodes: [{name, mode: mig|hami-core, gpus: [MODEL, ...]}], deviceConfig: PATH; default: the seed's world (mig-node with an NVIDIA A100-PCIE-40GB, core-node with an A100-40GB in hami-core mode)")
 	kubeconfigOut := fs.String("kubeconfig-out", "", "also write the admin kubeconfig here (for kubectl and client-go)")
 	stateOut := fs.String("state-out", "", "write the sandbox's state here as JSON once ready: {apiserver, kubeconfig, schedulerMetrics, nodes: {NAME: {deviceMetrics, mode, gpus}}}")
-	schedulerConfig, verbosity := commonFlags(fs)
+	schedulerConfig, kubelet, verbosity := commonFlags(fs)
 	if code, ok := parseFlags(fs, args, stderr, "Flags:"); !ok {
 		return code
 	}
@@ -57,7 +58,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	logw := setupLogging(*verbosity, stderr)
 	start := time.Now()
-	s, code := startSandbox(ctx, cfg, *schedulerConfig, logw, stderr)
+	s, code := startSandbox(ctx, cfg, *schedulerConfig, *kubelet, logw, stderr)
 	if s == nil {
 		return code
 	}
@@ -92,7 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // startSandbox starts the sandbox; on failure it reports and returns the exit code.
-func startSandbox(ctx context.Context, cfg sandbox.Config, schedulerConfig string, logw io.Writer, stderr io.Writer) (*sandbox.Sandbox, int) {
+func startSandbox(ctx context.Context, cfg sandbox.Config, schedulerConfig, kubelet string, logw io.Writer, stderr io.Writer) (*sandbox.Sandbox, int) {
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return nil, exitUsage
@@ -111,7 +112,11 @@ func startSandbox(ctx context.Context, cfg sandbox.Config, schedulerConfig strin
 			return nil, exitUsage
 		}
 	}
-	s, err := sandbox.Start(ctx, sandbox.Options{Config: cfg, SchedulerConfig: schedulerConfig, AdmissionPolicies: policies, Webhook: webhook, Log: logw})
+	if err := kubeletnode.CheckIsolation(); err != nil {
+		fmt.Fprintf(stderr, "Error: %v\n", err)
+		return nil, exitError
+	}
+	s, err := sandbox.Start(ctx, sandbox.Options{Config: cfg, SchedulerConfig: schedulerConfig, AdmissionPolicies: policies, Webhook: webhook, Log: logw, Kubelet: kubelet})
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			fmt.Fprintln(stderr, "dynamig-sandbox: interrupted while starting")
@@ -158,7 +163,7 @@ func (v *verbosityFlag) Set(s string) error {
 
 func (v *verbosityFlag) IsBoolFlag() bool { return true }
 
-// setupLogging points klog (the API server, scheduler, device plugins, kubelet stand-ins)
+// setupLogging points klog (the API server, scheduler, device plugins)
 // at stderr when verbose, else nowhere; it returns the writer for the components' own
 // output.
 func setupLogging(v verbosityFlag, stderr io.Writer) io.Writer {
@@ -194,11 +199,12 @@ func prettyJSON(raw string) string {
 }
 
 // commonFlags are the flags of both the sandbox and its demo.
-func commonFlags(fs *flag.FlagSet) (schedulerConfig *string, verbosity *verbosityFlag) {
+func commonFlags(fs *flag.FlagSet) (schedulerConfig, kubelet *string, verbosity *verbosityFlag) {
 	schedulerConfig = fs.String("scheduler-config", sandbox.DefaultSchedulerConfig, "the dynamig-scheduler KubeSchedulerConfiguration")
+	kubelet = fs.String("kubelet", os.Getenv(kubeletnode.KubeletEnv), "the kubelet binary the nodes run (make builds bin/kubelet; default $"+kubeletnode.KubeletEnv+", else built from this module, about a minute)")
 	verbosity = &verbosityFlag{}
 	fs.Var(verbosity, "v", "log to stderr (-v), at klog verbosity N (-v=N); default: quiet")
-	return schedulerConfig, verbosity
+	return schedulerConfig, kubelet, verbosity
 }
 
 // parseFlags parses args; ok is false when the command must exit with code (help, a bad

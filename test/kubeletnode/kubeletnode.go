@@ -72,6 +72,28 @@ func LDFlags() string {
 	return fmt.Sprintf("-X %s.gitVersion=%s -X %s.gitMajor=%s -X %s.gitMinor=%s", pkg, Version, pkg, major, pkg, minor)
 }
 
+// CheckIsolation tells whether this machine can run the kubelet isolated: as root, a
+// private mount namespace; otherwise also an unprivileged user namespace. The error says
+// plainly what is missing.
+func CheckIsolation() error {
+	args := []string{"-m", "--propagation", "private", "true"}
+	if os.Geteuid() != 0 {
+		args = []string{"-Urm", "--propagation", "private", "true"}
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		return errors.New("the kubelet runs in a private mount namespace, made with unshare (util-linux), which is not installed")
+	}
+	if out, err := exec.Command("unshare", args...).CombinedOutput(); err != nil {
+		if os.Geteuid() != 0 {
+			return fmt.Errorf("the kubelet runs in a private mount namespace, which a normal user makes inside an unprivileged user namespace, and this machine refuses one (unshare %s: %v: %s); run as root, or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)",
+				strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		}
+		return fmt.Errorf("the kubelet runs in a private mount namespace, and this machine refuses one even to root (unshare %s: %v: %s); in a container, it needs CAP_SYS_ADMIN",
+			strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 // Options configure a Node.
 type Options struct {
 	// Kubelet is the binary (Binary()).

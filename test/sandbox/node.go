@@ -7,88 +7,51 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/retry"
-	"k8s.io/client-go/util/workqueue"
-	"k8s.io/klog/v2"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/cmd/dynamig-device-plugin/app"
 	"github.com/dynamig/dynamig/nvml/sim"
-	"github.com/dynamig/dynamig/test/kubelet"
+	"github.com/dynamig/dynamig/test/kubeletnode"
 )
 
-// Simulated node resources besides the GPUs.
-var nodeResources = v1.ResourceList{
-	v1.ResourceCPU:    resource.MustParse("32"),
-	v1.ResourceMemory: resource.MustParse("256Gi"),
-	v1.ResourcePods:   resource.MustParse("110"),
-}
-
-// node is one simulated node: its kubelet stand-in (device manager, pod admission, pod
-// status), its device plugin, and the Node object.
+// node is one simulated node: the real kubelet (test/kubeletnode, on a fake CRI runtime
+// that resolves CDI devices), its device plugin on simulated GPUs, and the Node the kubelet
+// registers.
 type node struct {
 	s           *Sandbox
 	cfg         NodeConfig
-	client      kubernetes.Interface // the node's kubelet identity
-	socketDir   string
+	dir         string // the node's own directory (kubelet, runtime, device-plugin sockets)
 	metricsAddr string
 	resource    string // the count resource name (nvidia.com/gpu)
 
-	kl *kubelet.Kubelet
+	kubelet *kubeletnode.Node
 	// gpus is the node's simulated hardware; it outlives device-plugin restarts, as real
 	// GPUs and their MIG instances do.
 	gpus         *sim.Sim
 	dpKubeconfig string
-	queue        workqueue.TypedRateLimitingInterface[string]
-	store        cache.Store
 	dpCancel     context.CancelFunc
 	dpDone       chan struct{}
 	dpOut        syncBuffer
 	dpCode       int
-	wg           sync.WaitGroup
+	kubeletOut   syncBuffer
 
 	mu       sync.Mutex
 	gpuUUIDs []string
-	// published is the {all, healthy} device count the Node advertises; publishing is set
-	// while publishDevices writes a new one (see devicesPublished).
-	published  [2]int
-	publishing bool
-	// pods the stand-in knows, by namespace/name: their UID and what it did.
-	pods map[string]*podState
-}
-
-type podState struct {
-	uid      types.UID
-	admitted bool  // Admit was called
-	admitErr error // its result
-	status   bool  // the Running or Failed status was written
 }
 
 func (s *Sandbox) newNode(cfg NodeConfig) (*node, error) {
-	n := &node{s: s, cfg: cfg, resource: s.devCfg.Nvidia.ResourceCountName, pods: map[string]*podState{}}
+	n := &node{s: s, cfg: cfg, resource: s.devCfg.Nvidia.ResourceCountName}
 	var err error
-	if n.client, err = s.cp.Client(nodeUser(cfg.Name)); err != nil {
-		return n, err
-	}
 	// A short path: unix socket paths are limited to 108 bytes.
-	if n.socketDir, err = os.MkdirTemp("", "dp"); err != nil {
+	if n.dir, err = os.MkdirTemp("", "dn"); err != nil {
 		return n, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -117,75 +80,30 @@ func (n *node) info() NodeInfo {
 
 func (n *node) metricsURL() string { return "http://" + n.metricsAddr + "/metrics" }
 
-// start registers the Node as kubelet does, starts the kubelet stand-in and the device
-// plugin, and the pod loop.
-func (n *node) start(ctx context.Context, dpKubeconfig string) error {
-	name := n.cfg.Name
-	created, err := n.client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
-		v1.LabelHostname: name, v1.LabelOSStable: runtime.GOOS, v1.LabelArchStable: runtime.GOARCH,
-	}}}, metav1.CreateOptions{})
+// start starts the node's kubelet, waits for it to register the Node, then starts the
+// device plugin, as a DaemonSet's pod runs once its Node exists.
+func (n *node) start(ctx context.Context, kubelet, dpKubeconfig string) error {
+	kubeconfig, err := n.s.cp.WriteKubeconfig(nodeUser(n.cfg.Name))
 	if err != nil {
-		return fmt.Errorf("registering the Node: %w", err)
-	}
-	now := metav1.Now()
-	created.Status = v1.NodeStatus{
-		Capacity:    nodeResources.DeepCopy(),
-		Allocatable: nodeResources.DeepCopy(),
-		Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady",
-			Message: "dynamig-sandbox kubelet stand-in is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now}},
-		Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}, {Type: v1.NodeHostName, Address: name}},
-		NodeInfo:  v1.NodeSystemInfo{OperatingSystem: runtime.GOOS, Architecture: runtime.GOARCH, KubeletVersion: "dynamig-sandbox"},
-	}
-	if _, err := n.client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("posting the Node's status: %w", err)
-	}
-
-	if n.kl, err = kubelet.Start(klog.NewContext(n.s.ctx, klog.Background().WithValues("node", name)), n.socketDir); err != nil {
 		return err
+	}
+	n.kubelet, err = kubeletnode.Start(ctx, kubeletnode.Options{Kubelet: kubelet, Kubeconfig: kubeconfig, NodeName: n.cfg.Name,
+		Dir: filepath.Join(n.dir, "k"), Log: io.MultiWriter(&n.kubeletOut, n.s.log)})
+	if err != nil {
+		return err
+	}
+	err = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if exited, err := n.kubelet.Exited(); exited {
+			return false, fmt.Errorf("the kubelet exited (%v): %s", err, tail(n.kubeletOut.String(), 4000))
+		}
+		_, err := n.s.admin.CoreV1().Nodes().Get(ctx, n.cfg.Name, metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the kubelet to register the Node: %w", err)
 	}
 	n.dpKubeconfig = dpKubeconfig
 	n.startDevicePlugin()
-
-	// The pod loop: an informer on this node's pods feeds one worker, as kubelet admits one
-	// pod at a time.
-	n.queue = workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 5*time.Second))
-	factory := informers.NewSharedInformerFactoryWithOptions(n.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", name).String()
-	}))
-	inf := factory.Core().V1().Pods().Informer()
-	n.store = inf.GetStore()
-	enqueue := func(obj any) {
-		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
-			n.queue.Add(key)
-		}
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    enqueue,
-		UpdateFunc: func(_, obj any) { enqueue(obj) },
-		DeleteFunc: enqueue,
-	}); err != nil {
-		return err
-	}
-	factory.Start(n.s.ctx.Done())
-	n.wg.Add(3)
-	go func() {
-		defer n.wg.Done()
-		<-n.s.ctx.Done()
-		n.queue.ShutDown()
-		factory.Shutdown()
-	}()
-	go func() {
-		defer n.wg.Done()
-		if !cache.WaitForCacheSync(n.s.ctx.Done(), inf.HasSynced) {
-			return
-		}
-		for n.processNext() {
-		}
-	}()
-	go func() {
-		defer n.wg.Done()
-		n.publishDevices(n.s.ctx)
-	}()
 	return nil
 }
 
@@ -193,7 +111,7 @@ func (n *node) start(ctx context.Context, dpKubeconfig string) error {
 // GPUs until the sandbox stops or restartDevicePlugin.
 func (n *node) startDevicePlugin() {
 	args := []string{"run", "--nvml=sim", "--sim-gpus=" + strings.Join(n.cfg.GPUs, ","), "--node-name=" + n.cfg.Name,
-		"--kubeconfig=" + n.dpKubeconfig, "--kubelet-socket-dir=" + n.socketDir, "--metrics-bind-address=" + n.metricsAddr,
+		"--kubeconfig=" + n.dpKubeconfig, "--kubelet-socket-dir=" + n.kubelet.DevicePluginDir, "--metrics-bind-address=" + n.metricsAddr,
 		"--config=" + n.s.deviceConfig}
 	ctx, cancel := context.WithCancel(n.s.ctx)
 	done := make(chan struct{})
@@ -214,38 +132,39 @@ func (n *node) startDevicePlugin() {
 }
 
 // restartDevicePlugin stops the node's device plugin and starts a new one on the same
-// GPUs, then waits until it has registered with the kubelet stand-in again and the Node
-// advertises its devices again (they were unhealthy while no plugin served them).
+// GPUs, then waits until the Node advertises its devices again: the kubelet marks them
+// unhealthy while no plugin serves them, and a pod created before they are back would be
+// scheduled against none.
 func (n *node) restartDevicePlugin(ctx context.Context) error {
 	n.mu.Lock()
 	cancel, done := n.dpCancel, n.dpDone
 	n.mu.Unlock()
 	cancel()
 	<-done
-	before := n.kl.Registrations(n.resource)
+	if err := n.waitAllocatable(ctx, func(q int64) bool { return q == 0 }); err != nil {
+		return fmt.Errorf("node %s: the kubelet did not see the device plugin go: %w", n.cfg.Name, err)
+	}
 	n.startDevicePlugin()
-	// Polled: kubelet.WaitFor's condition runs under the stand-in's lock, which
-	// Registrations takes too.
-	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		return n.kl.Registrations(n.resource) > before, nil
-	})
-	if err != nil {
-		return fmt.Errorf("node %s: the restarted device plugin did not register: %w", n.cfg.Name, err)
-	}
-	if err := n.kl.WaitForResource(ctx, n.resource, 1); err != nil {
-		return err
-	}
-	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		return n.devicesPublished(), nil
-	})
-	if err != nil {
+	if err := n.waitAllocatable(ctx, func(q int64) bool { return q > 0 }); err != nil {
 		return fmt.Errorf("node %s: the Node does not advertise the restarted plugin's devices: %w", n.cfg.Name, err)
 	}
 	return nil
 }
 
-// waitReady waits until the device plugin has registered devices with the kubelet
-// stand-in, published the inventory and the heartbeat, and the Node advertises the devices.
+// waitAllocatable waits until the Node's allocatable count of the resource satisfies ok.
+func (n *node) waitAllocatable(ctx context.Context, ok func(int64) bool) error {
+	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		node, err := n.s.admin.CoreV1().Nodes().Get(ctx, n.cfg.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		q := node.Status.Allocatable[v1.ResourceName(n.resource)]
+		return ok(q.Value()), nil
+	})
+}
+
+// waitReady waits until the Node is Ready and advertises the device plugin's devices, and
+// the plugin has published its inventory and heartbeat.
 func (n *node) waitReady(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -256,25 +175,18 @@ func (n *node) waitReady(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}()
-	fail := func(what string, err error) error {
-		select {
-		case <-n.dpDone:
-			n.mu.Lock()
-			code := n.dpCode
-			n.mu.Unlock()
-			return fmt.Errorf("dynamig-device-plugin run exited %d: %s", code, strings.TrimSpace(n.dpOut.String()))
-		default:
-		}
-		return fmt.Errorf("waiting for %s: %w", what, err)
-	}
-	if err := n.kl.WaitForResource(ctx, n.resource, 1); err != nil {
-		return fail("the device plugin to register "+n.resource, err)
-	}
 	var last string
 	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if exited, err := n.kubelet.Exited(); exited {
+			return false, fmt.Errorf("the kubelet exited (%v): %s", err, tail(n.kubeletOut.String(), 4000))
+		}
 		node, err := n.s.admin.CoreV1().Nodes().Get(ctx, n.cfg.Name, metav1.GetOptions{})
 		if err != nil {
 			last = err.Error()
+			return false, nil
+		}
+		if !nodeReady(node) {
+			last = "the Node is not Ready"
 			return false, nil
 		}
 		gpus, err := api.DecodeInventory(node.Annotations[api.NodeInventoryAnnotation])
@@ -300,13 +212,32 @@ func (n *node) waitReady(ctx context.Context) error {
 		return true, nil
 	})
 	if err != nil {
-		return fail("the inventory, heartbeat and Node allocatable ("+last+")", err)
+		select {
+		case <-n.dpDone:
+			n.mu.Lock()
+			code := n.dpCode
+			n.mu.Unlock()
+			return fmt.Errorf("dynamig-device-plugin run exited %d: %s", code, strings.TrimSpace(n.dpOut.String()))
+		default:
+		}
+		return fmt.Errorf("waiting for the Node (%s): %w", last, err)
 	}
 	return nil
 }
 
-// stop stops the pod loop, the device plugin and the kubelet stand-in (the sandbox's
-// context is cancelled already) and removes the socket directory.
+func nodeReady(node *v1.Node) bool {
+	for _, c := range node.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			return c.Status == v1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func tail(s string, n int) string { return s[max(0, len(s)-n):] }
+
+// stop stops the device plugin and the kubelet (the sandbox's context is cancelled already)
+// and removes the node's directory.
 func (n *node) stop() {
 	n.mu.Lock()
 	done := n.dpDone
@@ -314,265 +245,31 @@ func (n *node) stop() {
 	if done != nil {
 		<-done
 	}
-	n.wg.Wait()
-	if n.kl != nil {
-		n.kl.Stop()
+	if n.kubelet != nil {
+		n.kubelet.Stop()
 	}
-	if n.socketDir != "" {
-		_ = os.RemoveAll(n.socketDir)
-	}
-}
-
-// publishDevices keeps the Node's capacity and allocatable of the count resource equal to
-// the devices the plugin registered with the kubelet stand-in (allocatable: the healthy
-// ones), as kubelet's node status does.
-func (n *node) publishDevices(ctx context.Context) {
-	last := [2]int{-1, -1}
-	for ctx.Err() == nil {
-		var got [2]int
-		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := n.kl.WaitForDevices(wctx, n.resource, func(devs []*pluginapi.Device) bool {
-			got = countDevices(devs)
-			if got == last {
-				return false
-			}
-			n.setPublishing(true)
-			return true
-		})
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			// No plugin connected: its devices are unhealthy, or it never registered.
-			if got = countDevices(n.kl.Devices(n.resource)); got == last {
-				continue
-			}
-			n.setPublishing(true)
-		}
-		err = retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-			node, err := n.client.CoreV1().Nodes().Get(ctx, n.cfg.Name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			name := v1.ResourceName(n.resource)
-			node.Status.Capacity[name] = *resource.NewQuantity(int64(got[0]), resource.DecimalSI)
-			node.Status.Allocatable[name] = *resource.NewQuantity(int64(got[1]), resource.DecimalSI)
-			_, err = n.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
-			return err
-		})
-		if err != nil {
-			n.setPublishing(false)
-			if ctx.Err() == nil {
-				klog.FromContext(ctx).Error(err, "Updating the Node's devices", "node", n.cfg.Name)
-				time.Sleep(time.Second)
-			}
-			continue
-		}
-		last = got
-		n.mu.Lock()
-		n.published, n.publishing = got, false
-		n.mu.Unlock()
+	if n.dir != "" {
+		_ = os.RemoveAll(n.dir)
 	}
 }
 
-func (n *node) setPublishing(on bool) {
-	n.mu.Lock()
-	n.publishing = on
-	n.mu.Unlock()
-}
-
-// devicesPublished reports whether the Node advertises what the kubelet stand-in holds now,
-// with no update under way: a pod created after it is scheduled against the devices the
-// node really has, not against a count from the plugin's restart.
-func (n *node) devicesPublished() bool {
-	current := countDevices(n.kl.Devices(n.resource))
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return !n.publishing && n.published == current
-}
-
-// countDevices is {all, healthy}.
-func countDevices(devs []*pluginapi.Device) [2]int {
-	out := [2]int{len(devs), 0}
-	for _, d := range devs {
-		if d.Health == pluginapi.Healthy {
-			out[1]++
-		}
+// finish ends the pod's running containers with exit code 0 (succeeded) or 1, as its
+// processes exiting would; the kubelet then writes the pod's status.
+func (n *node) finish(p *v1.Pod, succeeded bool) error {
+	code := int32(1)
+	if succeeded {
+		code = 0
 	}
-	return out
-}
-
-func (n *node) processNext() bool {
-	key, quit := n.queue.Get()
-	if quit {
-		return false
-	}
-	defer n.queue.Done(key)
-	if err := n.sync(n.s.ctx, key); err != nil {
-		if n.s.ctx.Err() == nil {
-			klog.FromContext(n.s.ctx).V(2).Info("Pod sync failed; retrying", "node", n.cfg.Name, "pod", key, "err", err)
-			n.queue.AddRateLimited(key)
-		}
-		return true
-	}
-	n.queue.Forget(key)
-	return true
-}
-
-// sync does for one pod what kubelet would: admit it (Allocate for its GPU containers) and
-// run it, or fail it with UnexpectedAdmissionError; free its devices when it ends; delete it
-// for good once it is marked for deletion.
-func (n *node) sync(ctx context.Context, key string) error {
-	obj, exists, err := n.store.GetByKey(key)
-	if err != nil {
-		return err
-	}
-	n.mu.Lock()
-	st := n.pods[key]
-	n.mu.Unlock()
-	if !exists {
-		if st != nil {
-			n.kl.Release(st.uid)
-			n.forget(key)
-		}
-		return nil
-	}
-	p := obj.(*v1.Pod)
-	if st != nil && st.uid != p.UID { // a new pod of the same name
-		n.kl.Release(st.uid)
-		st = nil
-	}
-	if st == nil {
-		st = &podState{uid: p.UID}
-		n.mu.Lock()
-		n.pods[key] = st
-		n.mu.Unlock()
-	}
-	switch {
-	case p.DeletionTimestamp != nil:
-		// Its containers are stopped at once: free the devices, then kubelet's final delete.
-		n.kl.Release(p.UID)
-		err := n.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
-			GracePeriodSeconds: ptr.To[int64](0), Preconditions: metav1.NewUIDPreconditions(string(p.UID))})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return err
-		}
-		return nil
-	case p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed:
-		n.kl.Release(p.UID)
-		return nil
-	case st.status:
-		return nil
-	}
-	if !st.admitted {
-		_, st.admitErr = n.kl.Admit(ctx, p)
-		st.admitted = true
-		if st.admitErr != nil && ctx.Err() != nil {
-			st.admitted = false // interrupted by Stop, not refused
-			return st.admitErr
-		}
-	}
-	if st.admitErr != nil {
-		msg := st.admitErr.Error()
-		err = updatePodStatus(ctx, n.client, p, func(p *v1.Pod) { setFailedAdmission(p, msg) })
-	} else {
-		err = updatePodStatus(ctx, n.client, p, setRunning)
-	}
-	if err != nil {
-		return err
-	}
-	st.status = true
-	return nil
-}
-
-func (n *node) forget(key string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	delete(n.pods, key)
-}
-
-// finish writes a terminal status for p, as kubelet does when its containers exit.
-func (n *node) finish(ctx context.Context, p *v1.Pod, succeeded bool) error {
-	return updatePodStatus(ctx, n.client, p, func(p *v1.Pod) { setFinished(p, succeeded) })
-}
-
-func setCondition(p *v1.Pod, t v1.PodConditionType, status v1.ConditionStatus, reason string, now metav1.Time) {
-	for i := range p.Status.Conditions {
-		c := &p.Status.Conditions[i]
-		if c.Type == t {
-			if c.Status != status {
-				c.LastTransitionTime = now
-			}
-			c.Status, c.Reason = status, reason
-			return
-		}
-	}
-	p.Status.Conditions = append(p.Status.Conditions, v1.PodCondition{Type: t, Status: status, Reason: reason, LastTransitionTime: now})
-}
-
-// setRunning is the status of an admitted pod whose containers all started.
-func setRunning(p *v1.Pod) {
-	now := metav1.Now()
-	p.Status.Phase = v1.PodRunning
-	p.Status.Reason, p.Status.Message = "", ""
-	p.Status.HostIP = "127.0.0.1"
-	p.Status.HostIPs = []v1.HostIP{{IP: "127.0.0.1"}}
-	if p.Status.StartTime == nil {
-		p.Status.StartTime = &now
-	}
-	for _, t := range []v1.PodConditionType{v1.PodReadyToStartContainers, v1.PodInitialized, v1.ContainersReady, v1.PodReady} {
-		setCondition(p, t, v1.ConditionTrue, "", now)
-	}
-	p.Status.InitContainerStatuses = nil
-	for _, c := range p.Spec.InitContainers {
-		p.Status.InitContainerStatuses = append(p.Status.InitContainerStatuses, v1.ContainerStatus{
-			Name: c.Name, Image: c.Image, ImageID: c.Image, ContainerID: containerID(p, c.Name), Ready: true, Started: ptr.To(false),
-			State: v1.ContainerState{Terminated: &v1.ContainerStateTerminated{Reason: "Completed", StartedAt: now, FinishedAt: now,
-				ContainerID: containerID(p, c.Name)}},
-		})
-	}
-	p.Status.ContainerStatuses = nil
+	ended := 0
 	for _, c := range p.Spec.Containers {
-		p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, v1.ContainerStatus{
-			Name: c.Name, Image: c.Image, ImageID: c.Image, ContainerID: containerID(p, c.Name), Ready: true, Started: ptr.To(true),
-			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: now}},
-		})
-	}
-}
-
-// setFailedAdmission is kubelet's status for a pod its admission refused.
-func setFailedAdmission(p *v1.Pod, msg string) {
-	p.Status.Phase = v1.PodFailed
-	p.Status.Reason = "UnexpectedAdmissionError"
-	p.Status.Message = "Pod was rejected: " + msg
-}
-
-// setFinished is the status of a pod whose containers all exited.
-func setFinished(p *v1.Pod, succeeded bool) {
-	now := metav1.Now()
-	phase, reason, code := v1.PodSucceeded, "Completed", int32(0)
-	if !succeeded {
-		phase, reason, code = v1.PodFailed, "Error", 1
-	}
-	p.Status.Phase = phase
-	for _, t := range []v1.PodConditionType{v1.PodReadyToStartContainers, v1.ContainersReady, v1.PodReady} {
-		setCondition(p, t, v1.ConditionFalse, "PodCompleted", now)
-	}
-	for i := range p.Status.ContainerStatuses {
-		cs := &p.Status.ContainerStatuses[i]
-		started := now
-		if cs.State.Running != nil {
-			started = cs.State.Running.StartedAt
+		if err := n.kubelet.Runtime.Exit(p.UID, c.Name, code); err == nil {
+			ended++
 		}
-		cs.Ready, cs.Started = false, ptr.To(false)
-		cs.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: code, Reason: reason,
-			StartedAt: started, FinishedAt: now, ContainerID: cs.ContainerID}}
 	}
-}
-
-func containerID(p *v1.Pod, container string) string {
-	return "sandbox://" + string(p.UID) + "/" + container
+	if ended == 0 {
+		return fmt.Errorf("pod %s/%s has no running container on node %s", p.Namespace, p.Name, n.cfg.Name)
+	}
+	return nil
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent writers.

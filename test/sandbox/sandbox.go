@@ -24,16 +24,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.yaml.in/yaml/v3"
-	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/plugins/dynamicmig"
 	"github.com/dynamig/dynamig/test/cluster"
+	"github.com/dynamig/dynamig/test/kubeletnode"
 )
 
 // DefaultSchedulerConfig is the shipped KubeSchedulerConfiguration, relative to the
@@ -63,6 +61,9 @@ type Options struct {
 	// CreateLatency is every simulated GPU's GPU-instance create time (sim.Options): creates
 	// on one GPU take turns, on different GPUs they overlap. 0: instant.
 	CreateLatency time.Duration
+	// Kubelet is the kubelet binary the nodes run; "" is kubeletnode.Binary() ($DYNAMIG_KUBELET,
+	// else built from the module).
+	Kubelet string
 }
 
 // Sandbox is a running in-process cluster.
@@ -173,6 +174,15 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	}
 	s.schedulerConfig = opts.SchedulerConfig
 
+	kubelet := opts.Kubelet
+	if kubelet == "" {
+		if kubelet, err = kubeletnode.Binary(); err != nil {
+			return nil, err
+		}
+	}
+	if err := kubeletnode.CheckIsolation(); err != nil {
+		return nil, err
+	}
 	// Nodes, one at a time: each is ready (devices registered, inventory published) before
 	// the next starts.
 	for _, nc := range opts.Config.Nodes {
@@ -184,7 +194,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	}
 	for _, nc := range opts.Config.Nodes {
 		n := s.node(nc.Name)
-		if err := n.start(ctx, dpKubeconfig); err != nil {
+		if err := n.start(ctx, kubelet, dpKubeconfig); err != nil {
 			return nil, fmt.Errorf("node %s: %w", nc.Name, err)
 		}
 		if err := n.waitReady(ctx); err != nil {
@@ -398,10 +408,10 @@ func (s *Sandbox) State(kubeconfig string) State {
 	return st
 }
 
-// FinishPod makes a running pod end, as its containers exiting would: phase Succeeded
-// (exit code 0) or Failed (exit code 1), every container terminated, not ready. The pod's
-// node's kubelet stand-in writes the status and frees its devices; its device plugin then
-// reclaims its MIG instances.
+// FinishPod makes a running pod's containers exit, with code 0 (succeeded) or 1, as its
+// processes ending would; the node's kubelet then sets its status (Succeeded or Failed
+// under restartPolicy Never; with Always or OnFailure it restarts them, as a kubelet does)
+// and its device plugin reclaims its MIG instances once it has ended.
 func (s *Sandbox) FinishPod(ctx context.Context, namespace, name string, succeeded bool) error {
 	p, err := s.admin.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
@@ -411,32 +421,5 @@ func (s *Sandbox) FinishPod(ctx context.Context, namespace, name string, succeed
 	if n == nil {
 		return fmt.Errorf("pod %s/%s is not bound to a sandbox node (nodeName %q)", namespace, name, p.Spec.NodeName)
 	}
-	return n.finish(ctx, p, succeeded)
-}
-
-// updatePodStatus applies mutate to the latest pod and writes its status, retrying on
-// conflicts. A pod that is gone is not an error.
-func updatePodStatus(ctx context.Context, client kubernetes.Interface, p *v1.Pod, mutate func(*v1.Pod)) error {
-	first := true
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur := p
-		if !first {
-			var err error
-			if cur, err = client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{}); err != nil {
-				return err
-			}
-			if cur.UID != p.UID {
-				return apierrors.NewNotFound(v1.Resource("pods"), p.Name)
-			}
-		}
-		first = false
-		cur = cur.DeepCopy()
-		mutate(cur)
-		_, err := client.CoreV1().Pods(cur.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
-		return err
-	})
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	return err
+	return n.finish(p, succeeded)
 }

@@ -184,7 +184,7 @@ func TestSandbox(t *testing.T) {
 	t.Logf("ready in %s", time.Since(start))
 	files := []string{s.dir, s.cp.Dir}
 	for _, n := range s.nodes {
-		files = append(files, n.socketDir)
+		files = append(files, n.dir)
 	}
 
 	client := s.Client()
@@ -215,8 +215,11 @@ func TestSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, p := range pods {
+		p.Spec.RestartPolicy = v1.RestartPolicyNever // so that FinishPod ends them
+	}
 	core := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "core-workload", Annotations: map[string]string{api.VGPUModeAnnotation: api.ModeHAMiCore}},
-		Spec: v1.PodSpec{SchedulerName: "dynamig-scheduler", Containers: []v1.Container{{Name: "main", Image: "ubuntu:22.04",
+		Spec: v1.PodSpec{SchedulerName: "dynamig-scheduler", RestartPolicy: v1.RestartPolicyNever, Containers: []v1.Container{{Name: "main", Image: "ubuntu:22.04",
 			Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("1"), api.ResourceMemory: resource.MustParse("4000")}}}}}}
 	if _, err := s.CreatePods(ctx, append(pods, core)...); err != nil {
 		t.Fatal(err)
@@ -285,8 +288,8 @@ func TestSandbox(t *testing.T) {
 	}
 	t.Logf("occupancy:\n%s\n%s", occ[0], occ[1])
 
-	// A plain delete (grace period 30 s): the kubelet stand-in finishes the pod at once, and
-	// the device plugin reclaims its instances.
+	// A plain delete (grace period 30 s): the kubelet stops its containers (the fake runtime
+	// at once) and removes the pod, and the device plugin reclaims its instances.
 	if err := client.CoreV1().Pods("default").Delete(ctx, "gpu-pod1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
