@@ -150,7 +150,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		PodResourcesSocket: filepath.Join(opts.Dir, "var-lib", "kubelet", "pod-resources", "kubelet.sock"),
 		CDIDir:             filepath.Join(opts.Dir, "cdi"),
 	}
-	for _, d := range []string{n.DevicePluginDir, filepath.Dir(n.PodResourcesSocket), n.CDIDir, n.path("var-log"), n.path("sysctl"), n.path("pod-logs"), n.path("volume-plugins")} {
+	for _, d := range []string{n.DevicePluginDir, filepath.Dir(n.PodResourcesSocket), n.CDIDir, n.path("var-log"), n.path("sysctl"), n.path("pod-logs"), n.path("volume-plugins"), n.path("cwd")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
 		}
@@ -258,6 +258,9 @@ func (n *Node) startKubelet() error {
 	}
 	cmd := exec.Command("unshare", append(unshare, "sh", "-c", n.script())...)
 	cmd.Stdout, cmd.Stderr = n.opts.Log, n.opts.Log
+	// An empty working directory of its own: whatever a relative path in the kubelet
+	// touches stays in the node's directory.
+	cmd.Dir = n.path("cwd")
 	// Its own process group, so Stop ends the kubelet and nothing else.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -100,6 +101,14 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	if err != nil {
 		return nil, err
 	}
+	// A log path, as every real runtime reports one: the kubelet removes the files matching
+	// "<log path>*" when it removes a container, and the fake's empty path made that "*",
+	// every file of the kubelet's working directory.
+	r.RuntimeService.Lock()
+	if fc, ok := r.RuntimeService.Containers[resp.ContainerId]; ok {
+		fc.LogPath = filepath.Join(req.GetSandboxConfig().GetLogDirectory(), cfg.GetLogPath())
+	}
+	r.RuntimeService.Unlock()
 	sandbox := req.GetSandboxConfig().GetMetadata()
 	c := Container{
 		ID: resp.ContainerId, PodUID: types.UID(sandbox.GetUid()), PodNamespace: sandbox.GetNamespace(), PodName: sandbox.GetName(),

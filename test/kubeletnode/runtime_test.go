@@ -30,13 +30,13 @@ func TestRuntimeResolvesCDI(t *testing.T) {
 	}
 	defer rt.Stop()
 	ctx := context.Background()
-	sandbox := &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "default", Uid: "uid-1"}}
+	sandbox := &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "default", Uid: "uid-1"}, LogDirectory: "/logs/p"}
 	id, err := rt.RuntimeService.RunPodSandbox(ctx, sandbox, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	create := func(name string, devices ...string) error {
-		cfg := &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: name}, Image: &runtimeapi.ImageSpec{Image: "busybox"},
+		cfg := &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: name}, Image: &runtimeapi.ImageSpec{Image: "busybox"}, LogPath: name + "/0.log",
 			Envs: []*runtimeapi.KeyValue{{Key: "A", Value: "1"}}}
 		for _, d := range devices {
 			cfg.CDIDevices = append(cfg.CDIDevices, &runtimeapi.CDIDevice{Name: d})
@@ -59,6 +59,11 @@ func TestRuntimeResolvesCDI(t *testing.T) {
 	c, ok := rt.Latest("uid-1", "main")
 	if !ok || c.Env["NVIDIA_VISIBLE_DEVICES"] != "MIG-1234" || c.Env["A"] != "1" || len(c.DeviceNodes) != 1 || c.DeviceNodes[0] != "/dev/null" {
 		t.Errorf("resolved container: %+v", c)
+	}
+	// The kubelet removes "<log path>*" with a container: an empty path would be every file
+	// of its working directory.
+	if st, err := rt.RuntimeService.ContainerStatus(ctx, c.ID, false); err != nil || st.Status.LogPath != "/logs/p/main/0.log" {
+		t.Errorf("log path %q, %v", st.GetStatus().GetLogPath(), err)
 	}
 	if err := create("other", "dynamig.io/mig=n-gpu0-slot2"); err == nil {
 		t.Error("a name without a spec resolved")
