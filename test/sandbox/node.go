@@ -14,7 +14,10 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/cmd/dynamig-device-plugin/app"
@@ -42,6 +45,7 @@ type node struct {
 	dpOut        syncBuffer
 	dpCode       int
 	kubeletOut   syncBuffer
+	informers    informers.SharedInformerFactory // completeInitContainers'
 
 	mu       sync.Mutex
 	gpuUUIDs []string
@@ -104,6 +108,41 @@ func (n *node) start(ctx context.Context, kubelet, dpKubeconfig string) error {
 	}
 	n.dpKubeconfig = dpKubeconfig
 	n.startDevicePlugin()
+	return n.completeInitContainers()
+}
+
+// completeInitContainers ends every plain init container of the node's pods with exit code
+// 0 once it runs, as a short setup step does, so pods get to their app containers. App
+// containers and sidecars (init containers with restartPolicy Always) run until the pod is
+// deleted or FinishPod ends them.
+func (n *node) completeInitContainers() error {
+	factory := informers.NewSharedInformerFactoryWithOptions(n.s.admin, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", n.cfg.Name).String()
+	}))
+	complete := func(obj any) {
+		p, ok := obj.(*v1.Pod)
+		if !ok {
+			return
+		}
+		for _, st := range p.Status.InitContainerStatuses {
+			if st.State.Running == nil {
+				continue
+			}
+			for _, c := range p.Spec.InitContainers {
+				if c.Name == st.Name && (c.RestartPolicy == nil || *c.RestartPolicy != v1.ContainerRestartPolicyAlways) {
+					_ = n.kubelet.Runtime.Exit(p.UID, c.Name, 0)
+				}
+			}
+		}
+	}
+	_, err := factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: complete, UpdateFunc: func(_, obj any) { complete(obj) },
+	})
+	if err != nil {
+		return err
+	}
+	factory.Start(n.s.ctx.Done())
+	n.informers = factory
 	return nil
 }
 
@@ -244,6 +283,9 @@ func (n *node) stop() {
 	n.mu.Unlock()
 	if done != nil {
 		<-done
+	}
+	if n.informers != nil {
+		n.informers.Shutdown()
 	}
 	if n.kubelet != nil {
 		n.kubelet.Stop()
