@@ -72,3 +72,11 @@ func TestRuntimeResolvesCDI(t *testing.T) {
 		t.Errorf("failed creates were recorded: %+v", rt.Created())
 	}
 }
+
+// TestCheckIsolationSaysWhatIsMissing: without unshare, the error names it.
+func TestCheckIsolationSaysWhatIsMissing(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	if err := CheckIsolation(); err == nil || !strings.Contains(err.Error(), "unshare (util-linux), which is not installed") {
+		t.Errorf("got %v", err)
+	}
+}
