@@ -10,6 +10,7 @@
 package kubeletnode
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -320,6 +321,25 @@ func (n *Node) Exited() (bool, error) {
 func (n *Node) Stop() {
 	n.StopKubelet()
 	n.Runtime.Stop()
+}
+
+// LogBuffer collects output (the kubelet's, a component's) for a failure message; safe for
+// concurrent writers.
+type LogBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *LogBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *LogBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func freePort() (int, error) {

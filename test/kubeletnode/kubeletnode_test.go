@@ -1,13 +1,11 @@
 package kubeletnode
 
 import (
-	"bytes"
 	"context"
 	"maps"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,30 +18,12 @@ import (
 	"github.com/dynamig/dynamig/test/cluster"
 )
 
-// syncBuffer collects the kubelet's output for a failing test's log.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type env struct {
 	t      *testing.T
 	ctx    context.Context
 	client kubernetes.Interface
 	node   *Node
-	log    *syncBuffer
+	log    *LogBuffer
 }
 
 func startNode(t *testing.T) *env {
@@ -64,7 +44,7 @@ func startNode(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := &syncBuffer{}
+	log := &LogBuffer{}
 	n, err := Start(context.Background(), Options{Kubelet: kubelet, Kubeconfig: cp.Kubeconfig, NodeName: "kn", Dir: dir, Log: log})
 	if err != nil {
 		t.Fatal(err)

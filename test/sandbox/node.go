@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -42,9 +41,9 @@ type node struct {
 	dpKubeconfig string
 	dpCancel     context.CancelFunc
 	dpDone       chan struct{}
-	dpOut        syncBuffer
+	dpOut        kubeletnode.LogBuffer
 	dpCode       int
-	kubeletOut   syncBuffer
+	kubeletOut   kubeletnode.LogBuffer
 	informers    informers.SharedInformerFactory // completeInitContainers'
 
 	mu       sync.Mutex
@@ -312,22 +311,4 @@ func (n *node) finish(p *v1.Pod, succeeded bool) error {
 		return fmt.Errorf("pod %s/%s has no running container on node %s", p.Namespace, p.Name, n.cfg.Name)
 	}
 	return nil
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	webhookapp "github.com/dynamig/dynamig/cmd/dynamig-webhook/app"
 	"github.com/dynamig/dynamig/test/cluster"
+	"github.com/dynamig/dynamig/test/kubeletnode"
 	dynamigwebhook "github.com/dynamig/dynamig/webhook"
 )
 
@@ -86,7 +87,7 @@ func (s *Sandbox) startWebhook(ctx context.Context, manifest string) error {
 		"--cert-dir", certDir, "--bind-address", "127.0.0.1:" + strconv.Itoa(port),
 		"--health-probe-bind-address", "0", "--metrics-bind-address", "0"}
 	s.webhookDone = make(chan struct{})
-	var out syncBuffer
+	var out kubeletnode.LogBuffer
 	go func() {
 		defer close(s.webhookDone)
 		code := webhookapp.MainContext(s.ctx, args, io.MultiWriter(&out, s.log), io.MultiWriter(&out, s.log))
