@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -49,17 +50,34 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("(%s): implausible figures %+v", r.Scenario.Key, r)
 		}
 		if r.Scenario.GPU {
-			if r.WritesTotal != 2*pods || r.Writes["create pods/binding"] != pods {
-				t.Errorf("(%s): scheduler writes %v (total %d), want %d: one Binding and one hand-off Lease write per GPU pod",
-					r.Scenario.Key, r.Writes, r.WritesTotal, 2*pods)
+			if bindings(r) != pods || r.WritesTotal-r.Writes[binding] != pods {
+				t.Errorf("(%s): scheduler writes %v (total %d, refused %v), want %d: one Binding and one hand-off Lease write per GPU pod",
+					r.Scenario.Key, r.Writes, r.WritesTotal, r.Refused, 2*pods)
 			}
 			// One Lease release per pod: the next pod's Bind cannot take over the Lease of a
 			// holder that is neither realised nor gone.
 			if r.StandInWrites != pods {
 				t.Errorf("(%s): stand-in writes %d, want %d (one Lease release per GPU pod)", r.Scenario.Key, r.StandInWrites, pods)
 			}
-		} else if r.WritesTotal != pods || r.Writes["create pods/binding"] != pods {
-			t.Errorf("(%s): scheduler writes %v, want one Binding per pod", r.Scenario.Key, r.Writes)
+		} else if bindings(r) != pods || r.WritesTotal != r.Writes[binding] {
+			t.Errorf("(%s): scheduler writes %v (refused %v), want one Binding per pod", r.Scenario.Key, r.Writes, r.Refused)
 		}
 	}
+}
+
+const binding = "create pods/binding"
+
+// bindings counts the scheduler's Binding requests, answered with success or not: under
+// load a Binding can be applied while its request ends in an error (its context ends during
+// the etcd write: the log shows the canceled Txn), and the pod is bound by that one request.
+// One Binding request per pod is what the cost claim is about; a second Binding for a pod
+// would still count twice.
+func bindings(r Result) int {
+	n := r.Writes[binding]
+	for k, v := range r.Refused {
+		if strings.HasPrefix(k, binding+" ") {
+			n += v
+		}
+	}
+	return n
 }
