@@ -40,9 +40,10 @@ var (
 	buildErr  error
 )
 
-// Binary returns the kubelet binary: $DYNAMIG_KUBELET, or one built once per process into
-// a temporary directory from the module's k8s.io/kubernetes/cmd/kubelet tool (about a
-// minute with a warm build cache).
+// Binary returns the kubelet binary: $DYNAMIG_KUBELET, or one built from the module's
+// k8s.io/kubernetes/cmd/kubelet tool into the user's cache directory
+// (<cache>/dynamig/kubelet-<Version>, as go keeps its build cache there), once per process:
+// about a minute with a warm build cache, a relink when nothing changed.
 func Binary() (string, error) {
 	if p := os.Getenv(KubeletEnv); p != "" {
 		if _, err := os.Stat(p); err != nil {
@@ -51,16 +52,31 @@ func Binary() (string, error) {
 		return p, nil
 	}
 	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "dynamig-kubelet")
+		cache, err := os.UserCacheDir()
+		if err != nil {
+			buildErr = fmt.Errorf("no cache directory to build the kubelet in (set %s): %w", KubeletEnv, err)
+			return
+		}
+		dir := filepath.Join(cache, "dynamig")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			buildErr = err
+			return
+		}
+		// Built beside, then renamed: test processes running at once each get a whole binary.
+		tmp, err := os.CreateTemp(dir, "kubelet-build-")
 		if err != nil {
 			buildErr = err
 			return
 		}
-		built = filepath.Join(dir, "kubelet")
-		cmd := exec.Command("go", "build", "-ldflags", LDFlags(), "-o", built, "k8s.io/kubernetes/cmd/kubelet")
+		tmp.Close()
+		defer os.Remove(tmp.Name())
+		cmd := exec.Command("go", "build", "-ldflags", LDFlags(), "-o", tmp.Name(), "k8s.io/kubernetes/cmd/kubelet")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("building the kubelet: %w\n%s", err, out)
+			return
 		}
+		built = filepath.Join(dir, "kubelet-"+Version)
+		buildErr = os.Rename(tmp.Name(), built)
 	})
 	return built, buildErr
 }
