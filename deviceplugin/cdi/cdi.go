@@ -1,0 +1,89 @@
+// Package cdi names dynamig's CDI devices and writes their specs. The device plugin answers
+// Allocate with CDI names (QualifiedName) and writes each device's spec (what the container
+// gets: its MIG device, or its hami-core share) before the container is created; the
+// runtime resolves the names against the spec directory. One spec file per device, written
+// with the CDI library (temp file and rename, so a runtime never reads half a spec).
+package cdi
+
+import (
+	"fmt"
+	"strings"
+
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+	specs "tags.cncf.io/container-device-interface/specs-go"
+)
+
+// dynamig's CDI vendor and class: dynamig.io/gpu=<device>.
+const (
+	Vendor = "dynamig.io"
+	Class  = "gpu"
+	// DefaultSpecDir is the runtimes' volatile CDI directory: a reboot leaves no spec behind.
+	DefaultSpecDir = "/var/run/cdi"
+)
+
+// DeviceName is the CDI device name of one of node's device IDs: the two joined, every
+// character a CDI name does not allow replaced by '-'. Stable across restarts, as the device
+// IDs are.
+func DeviceName(node, deviceID string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '.', r == ':', r == '-':
+			return r
+		}
+		return '-'
+	}, node+"_"+deviceID)
+}
+
+// QualifiedName is the name Allocate answers for one of node's device IDs:
+// dynamig.io/gpu=<DeviceName>.
+func QualifiedName(node, deviceID string) string {
+	return parser.QualifiedName(Vendor, Class, DeviceName(node, deviceID))
+}
+
+// Specs writes and removes device specs in one directory.
+type Specs struct {
+	dir   string
+	cache *cdi.Cache
+}
+
+// New writes specs into dir (created when missing).
+func New(dir string) (*Specs, error) {
+	c, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("CDI spec directory %s: %w", dir, err)
+	}
+	return &Specs{dir: dir, cache: c}, nil
+}
+
+// Dir is the spec directory.
+func (s *Specs) Dir() string { return s.dir }
+
+// Write replaces the spec of node's device ID: a container naming QualifiedName(node, id)
+// gets edits.
+func (s *Specs) Write(node, deviceID string, edits specs.ContainerEdits) error {
+	name := DeviceName(node, deviceID)
+	spec := &specs.Spec{Kind: Vendor + "/" + Class, Devices: []specs.Device{{Name: name, ContainerEdits: edits}}}
+	version, err := cdi.MinimumRequiredVersion(spec)
+	if err != nil {
+		return fmt.Errorf("CDI spec of %s: %w", name, err)
+	}
+	spec.Version = version
+	if err := s.cache.WriteSpec(spec, s.fileName(name)); err != nil {
+		return fmt.Errorf("writing the CDI spec of %s in %s: %w", name, s.dir, err)
+	}
+	return nil
+}
+
+// Remove removes the spec of node's device ID; a missing one is not an error.
+func (s *Specs) Remove(node, deviceID string) error {
+	if err := s.cache.RemoveSpec(s.fileName(DeviceName(node, deviceID))); err != nil {
+		return fmt.Errorf("removing the CDI spec of %s from %s: %w", DeviceName(node, deviceID), s.dir, err)
+	}
+	return nil
+}
+
+// fileName is the device's spec file, in the CDI library's naming of per-device specs.
+func (s *Specs) fileName(device string) string {
+	return cdi.GenerateTransientSpecName(Vendor, Class, device) + ".yaml"
+}
