@@ -1,0 +1,135 @@
+package podresources
+
+import (
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"k8s.io/utils/ptr"
+
+	"github.com/dynamig/dynamig/deviceplugin/server"
+	"github.com/dynamig/dynamig/test/cluster"
+	"github.com/dynamig/dynamig/test/kubeletnode"
+)
+
+const res = "example.com/dev"
+
+// recorder answers Allocate with nothing and remembers the IDs.
+type recorder struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (r *recorder) Allocate(_ context.Context, req *pluginapi.ContainerAllocateRequest) (*pluginapi.ContainerAllocateResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ids = append(r.ids, req.DevicesIds...)
+	return &pluginapi.ContainerAllocateResponse{}, nil
+}
+
+// TestFindOnTheRealKubelet: a device plugin registers two devices with the real kubelet, a
+// pod gets one, and the kubelet's PodResources API names that pod and container for the ID
+// it assigned, and nobody for the other.
+func TestFindOnTheRealKubelet(t *testing.T) {
+	ctx := context.Background()
+	kubelet, err := kubeletnode.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := cluster.Start(t, cluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := cp.Client(cluster.UserAdmin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "pr") // short: unix socket paths are limited
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &kubeletnode.LogBuffer{}
+	node, err := kubeletnode.Start(ctx, kubeletnode.Options{Kubelet: kubelet, Kubeconfig: cp.Kubeconfig, NodeName: "pr", Dir: dir, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		node.Stop()
+		if t.Failed() {
+			out := log.String()
+			t.Logf("kubelet output:\n%s", out[max(0, len(out)-10000):])
+		}
+		_ = os.RemoveAll(dir)
+	})
+	rec := &recorder{}
+	srv, err := server.New(server.Options{ResourceName: res, SocketDir: node.DevicePluginDir, Allocator: rec, Devices: func() []*pluginapi.Device {
+		return []*pluginapi.Device{{ID: "d0", Health: pluginapi.Healthy}, {ID: "d1", Health: pluginapi.Healthy}}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = srv.Run(sctx) }()
+
+	poll := func(what string, cond func() (bool, string)) {
+		t.Helper()
+		var last string
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			ok, s := cond()
+			last = s
+			return ok, nil
+		}); err != nil {
+			t.Fatalf("waiting for %s: %s", what, last)
+		}
+	}
+	poll("the node to advertise the devices", func() (bool, string) {
+		n, err := client.CoreV1().Nodes().Get(ctx, "pr", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		q := n.Status.Allocatable[res]
+		return q.Value() == 2, q.String()
+	})
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default"}, Spec: v1.PodSpec{
+		NodeName: "pr", AutomountServiceAccountToken: ptr.To(false),
+		Containers: []v1.Container{{Name: "main", Image: "busybox", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{res: resource.MustParse("1")}}}},
+	}}
+	if _, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll("the pod Running", func() (bool, string) {
+		got, err := client.CoreV1().Pods("default").Get(ctx, "p", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return got.Status.Phase == v1.PodRunning, string(got.Status.Phase) + " " + got.Status.Message
+	})
+	rec.mu.Lock()
+	ids := append([]string(nil), rec.ids...)
+	rec.mu.Unlock()
+	if len(ids) != 1 {
+		t.Fatalf("Allocate saw %v, want one device", ids)
+	}
+	pr, err := Dial(node.PodResourcesSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	owner, err := pr.Find(ctx, res, ids)
+	if err != nil || owner != (Owner{Namespace: "default", Pod: "p", Container: "main"}) {
+		t.Errorf("Find(%v) = %v, %v", ids, owner, err)
+	}
+	other := map[string]string{"d0": "d1", "d1": "d0"}[ids[0]]
+	if _, err := pr.Find(ctx, res, []string{other}); err == nil || !strings.Contains(err.Error(), "no active container holds example.com/dev devices ["+other+"]") {
+		t.Errorf("the free device: %v", err)
+	}
+}
