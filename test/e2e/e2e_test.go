@@ -392,6 +392,31 @@ func TestDevicePluginRestartAdopts(t *testing.T) {
 	w.sameHardware("n", got)
 }
 
+// TestKubeletRestart: the real kubelet restarts (deleting every socket in the device-plugin
+// directory); running pods keep their instances, the device plugin registers again, and a
+// pod created after it runs beside them.
+func TestKubeletRestart(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB"))
+	w.create(pod("a", "mig", 2, 9000))
+	recs := w.running("a")
+	before := w.instances("n")
+	if err := w.sb.RestartKubelet(w.ctx, "n"); err != nil {
+		t.Fatal(err)
+	}
+	if p := w.get("a"); p.Status.Phase != v1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Errorf("a after the kubelet restart: %s, restarts %d", p.Status.Phase, p.Status.ContainerStatuses[0].RestartCount)
+	}
+	after := w.instances("n")
+	if len(after["a"]) != 2 || after["a"][0] != before["a"][0] || after["a"][1] != before["a"][1] {
+		t.Errorf("instances changed across the kubelet restart: %v → %v", before, after)
+	}
+	w.create(pod("b", "mig", 1, 4000))
+	got := w.running("b")
+	got["a"] = recs["a"]
+	noOverlap(t, got)
+	w.sameHardware("n", got)
+}
+
 func TestSchedulerRestartNoDoubleBooking(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB", "A100-40GB"))
 	w.create(pod("a", "mig", 2, 9000), pod("b", "mig", 1, 19000))

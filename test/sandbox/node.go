@@ -189,6 +189,40 @@ func (n *node) restartDevicePlugin(ctx context.Context) error {
 	return nil
 }
 
+// restartKubelet restarts the kubelet and waits for the Node to be Ready with the devices
+// advertised again. The kubelet's start time moves: Ready is awaited after it.
+func (n *node) restartKubelet(ctx context.Context) error {
+	restarted := time.Now()
+	if err := n.kubelet.RestartKubelet(); err != nil {
+		return err
+	}
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		if exited, err := n.kubelet.Exited(); exited {
+			return false, fmt.Errorf("the kubelet exited (%v): %s", err, tail(n.kubeletOut.String(), 4000))
+		}
+		node, err := n.s.admin.CoreV1().Nodes().Get(ctx, n.cfg.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		q := node.Status.Allocatable[v1.ResourceName(n.resource)]
+		return nodeReadySince(node, restarted) && q.Value() > 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("node %s: not Ready with its devices after the kubelet restart: %w", n.cfg.Name, err)
+	}
+	return nil
+}
+
+// nodeReadySince reports whether the Node is Ready by a heartbeat after t.
+func nodeReadySince(node *v1.Node, t time.Time) bool {
+	for _, c := range node.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			return c.Status == v1.ConditionTrue && c.LastHeartbeatTime.After(t)
+		}
+	}
+	return false
+}
+
 // waitAllocatable waits until the Node's allocatable count of the resource satisfies ok.
 func (n *node) waitAllocatable(ctx context.Context, ok func(int64) bool) error {
 	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {

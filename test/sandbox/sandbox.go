@@ -240,6 +240,18 @@ func (s *Sandbox) RestartDevicePlugin(ctx context.Context, node string) error {
 	return n.restartDevicePlugin(ctx)
 }
 
+// RestartKubelet stops node's kubelet and starts it again on the same directories and
+// runtime (its containers keep running, as on a real node), and waits until the Node is
+// Ready and advertises the device plugin's devices again: the kubelet deletes every socket
+// in the device-plugin directory on start, and the plugin must register again.
+func (s *Sandbox) RestartKubelet(ctx context.Context, node string) error {
+	n := s.node(node)
+	if n == nil {
+		return fmt.Errorf("no sandbox node %q", node)
+	}
+	return n.restartKubelet(ctx)
+}
+
 // RestartScheduler stops the scheduler and starts a new one, with an empty cache.
 func (s *Sandbox) RestartScheduler(ctx context.Context) error {
 	s.schedulerStop()
