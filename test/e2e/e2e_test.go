@@ -289,6 +289,49 @@ func TestSeedExample(t *testing.T) {
 	}
 	noOverlap(t, recs)
 	w.sameHardware("mig-node", recs)
+	// Each container sees its own MIG devices, and nothing else.
+	w.seesOwnDevices("gpu-pod1", "ubuntu-container1", recs["gpu-pod1"])
+	w.seesOwnDevices("mig-workload", "workload", recs["mig-workload"])
+}
+
+// seesOwnDevices checks the container's resolved NVIDIA_VISIBLE_DEVICES: exactly the MIG
+// UUIDs of its reservations, in device order.
+func (w *world) seesOwnDevices(podName, container string, recs []api.MigReservation) {
+	w.t.Helper()
+	env, err := w.sb.ContainerEnv(w.ctx, "default", podName, container)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	p := w.get(podName)
+	all := append(append([]v1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...)
+	var want []string
+	for _, r := range recs {
+		if r.ContainerIndex < len(all) && all[r.ContainerIndex].Name == container {
+			want = append(want, r.MigUUID)
+		}
+	}
+	if got := env["NVIDIA_VISIBLE_DEVICES"]; got != strings.Join(want, ",") || len(want) == 0 {
+		w.t.Errorf("%s/%s sees NVIDIA_VISIBLE_DEVICES=%q, want its own %q", podName, container, got, strings.Join(want, ","))
+	}
+}
+
+// TestSidecarWithGPU: a sidecar (an init container with restartPolicy Always) and the main
+// container each get a MIG instance of their own, and each sees only its own.
+func TestSidecarWithGPU(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB"))
+	p := pod("with-sidecar", "mig", 1, 4000)
+	sidecar := p.Spec.Containers[0]
+	sidecar.Name, sidecar.RestartPolicy = "sidecar", ptr.To(v1.ContainerRestartPolicyAlways)
+	p.Spec.InitContainers = []v1.Container{sidecar}
+	w.create(p)
+	recs := w.running("with-sidecar")
+	if len(recs["with-sidecar"]) != 2 {
+		t.Fatalf("reservations %v, want one for the sidecar and one for main", recs)
+	}
+	noOverlap(t, recs)
+	w.sameHardware("n", recs)
+	w.seesOwnDevices("with-sidecar", "sidecar", recs["with-sidecar"])
+	w.seesOwnDevices("with-sidecar", "main", recs["with-sidecar"])
 }
 
 func TestMixedProfilesOnOneGPU(t *testing.T) {

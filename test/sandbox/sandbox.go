@@ -240,6 +240,25 @@ func (s *Sandbox) RestartDevicePlugin(ctx context.Context, node string) error {
 	return n.restartDevicePlugin(ctx)
 }
 
+// ContainerEnv is the environment the runtime resolved for the newest container of that
+// name in the pod (the kubelet's variables, the device plugin's Allocate answer and the CDI
+// specs' edits): what the process would see.
+func (s *Sandbox) ContainerEnv(ctx context.Context, namespace, pod, container string) (map[string]string, error) {
+	p, err := s.admin.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	n := s.node(p.Spec.NodeName)
+	if n == nil {
+		return nil, fmt.Errorf("pod %s/%s is not bound to a sandbox node (nodeName %q)", namespace, pod, p.Spec.NodeName)
+	}
+	c, ok := n.kubelet.Runtime.Latest(p.UID, container)
+	if !ok {
+		return nil, fmt.Errorf("no container %s of pod %s/%s was created on node %s", container, namespace, pod, n.cfg.Name)
+	}
+	return c.Env, nil
+}
+
 // RestartKubelet stops node's kubelet and starts it again on the same directories and
 // runtime (its containers keep running, as on a real node), and waits until the Node is
 // Ready and advertises the device plugin's devices again: the kubelet deletes every socket
