@@ -7,8 +7,11 @@ package cdi
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	specs "tags.cncf.io/container-device-interface/specs-go"
@@ -86,4 +89,25 @@ func (s *Specs) Remove(node, deviceID string) error {
 // fileName is the device's spec file, in the CDI library's naming of per-device specs.
 func (s *Specs) fileName(device string) string {
 	return cdi.GenerateTransientSpecName(Vendor, Class, device) + ".yaml"
+}
+
+// Edits are the CDI container edits that give a container what an Allocate answer would:
+// its environment (sorted, so equal answers write equal specs), bind mounts (read-only where
+// the answer says so) and device nodes. The hand-off writes them as the device's spec.
+func Edits(resp *pluginapi.ContainerAllocateResponse) specs.ContainerEdits {
+	var e specs.ContainerEdits
+	for _, k := range slices.Sorted(maps.Keys(resp.GetEnvs())) {
+		e.Env = append(e.Env, k+"="+resp.GetEnvs()[k])
+	}
+	for _, m := range resp.GetMounts() {
+		opts := []string{"bind", "rw"}
+		if m.GetReadOnly() {
+			opts = []string{"bind", "ro"}
+		}
+		e.Mounts = append(e.Mounts, &specs.Mount{HostPath: m.GetHostPath(), ContainerPath: m.GetContainerPath(), Options: opts})
+	}
+	for _, d := range resp.GetDevices() {
+		e.DeviceNodes = append(e.DeviceNodes, &specs.DeviceNode{HostPath: d.GetHostPath(), Path: d.GetContainerPath(), Permissions: d.GetPermissions()})
+	}
+	return e
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	specs "tags.cncf.io/container-device-interface/specs-go"
@@ -100,5 +101,42 @@ func TestWriteRefusesBadEdits(t *testing.T) {
 	err = s.Write("n", "GPU-1::0", specs.ContainerEdits{Env: []string{"=no-name"}})
 	if err == nil || !strings.Contains(err.Error(), "n_GPU-1::0") {
 		t.Errorf("got %v", err)
+	}
+}
+
+// TestEditsFromAnAllocateAnswer: a hami-core answer (environment and mounts) becomes the
+// spec's edits, and a container naming the device gets them.
+func TestEditsFromAnAllocateAnswer(t *testing.T) {
+	host := t.TempDir()
+	for _, f := range []string{"libvgpu.so", "ld.so.preload"} {
+		if err := os.WriteFile(filepath.Join(host, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp := &pluginapi.ContainerAllocateResponse{
+		Envs: map[string]string{"NVIDIA_VISIBLE_DEVICES": "GPU-1", "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m", "CUDA_DEVICE_SM_LIMIT": "30"},
+		Mounts: []*pluginapi.Mount{
+			{ContainerPath: "/usr/local/vgpu/libvgpu.so", HostPath: filepath.Join(host, "libvgpu.so"), ReadOnly: true},
+			{ContainerPath: "/tmp/vgpu", HostPath: host},
+		},
+	}
+	e := Edits(resp)
+	if strings.Join(e.Env, " ") != "CUDA_DEVICE_MEMORY_LIMIT_0=3000m CUDA_DEVICE_SM_LIMIT=30 NVIDIA_VISIBLE_DEVICES=GPU-1" {
+		t.Errorf("env %v", e.Env)
+	}
+	if len(e.Mounts) != 2 || e.Mounts[0].Options[1] != "ro" || e.Mounts[1].Options[1] != "rw" {
+		t.Errorf("mounts %+v %+v", e.Mounts[0], e.Mounts[1])
+	}
+	dir := filepath.Join(t.TempDir(), "cdi")
+	s, err := New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write("core-node", "GPU-1::4", e); err != nil {
+		t.Fatal(err)
+	}
+	env, err := resolve(t, dir, QualifiedName("core-node", "GPU-1::4"))
+	if err != nil || env["CUDA_DEVICE_SM_LIMIT"] != "30" || env["NVIDIA_VISIBLE_DEVICES"] != "GPU-1" {
+		t.Errorf("resolved %v, %v", env, err)
 	}
 }
