@@ -2,7 +2,6 @@ package podresources
 
 import (
 	"context"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +15,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/deviceplugin/server"
-	"github.com/dynamig/dynamig/test/cluster"
 	"github.com/dynamig/dynamig/test/kubeletnode"
 )
 
@@ -40,35 +38,7 @@ func (r *recorder) Allocate(_ context.Context, req *pluginapi.ContainerAllocateR
 // it assigned, and nobody for the other.
 func TestFindOnTheRealKubelet(t *testing.T) {
 	ctx := context.Background()
-	kubelet, err := kubeletnode.Binary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp, err := cluster.Start(t, cluster.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := cp.Client(cluster.UserAdmin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "pr") // short: unix socket paths are limited
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := &kubeletnode.LogBuffer{}
-	node, err := kubeletnode.Start(ctx, kubeletnode.Options{Kubelet: kubelet, Kubeconfig: cp.Kubeconfig, NodeName: "pr", Dir: dir, Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		node.Stop()
-		if t.Failed() {
-			out := log.String()
-			t.Logf("kubelet output:\n%s", out[max(0, len(out)-10000):])
-		}
-		_ = os.RemoveAll(dir)
-	})
+	node, client := kubeletnode.StartTestNode(t, "pr")
 	rec := &recorder{}
 	srv, err := server.New(server.Options{ResourceName: res, SocketDir: node.DevicePluginDir, Allocator: rec, Devices: func() []*pluginapi.Device {
 		return []*pluginapi.Device{{ID: "d0", Health: pluginapi.Healthy}, {ID: "d1", Health: pluginapi.Healthy}}

@@ -415,49 +415,40 @@ func TestModeRouting(t *testing.T) {
 	}
 }
 
-func TestDevicePluginRestartAdopts(t *testing.T) {
-	w := start(t, mig("n", "A100-40GB"))
-	w.create(pod("a", "mig", 2, 9000))
-	recs := w.running("a")
-	before := w.instances("n")
-	if err := w.sb.RestartDevicePlugin(w.ctx, "n"); err != nil {
-		t.Fatal(err)
+// TestNodeRestarts: the device plugin restarts (and adopts its instances), or the real
+// kubelet restarts (deleting every socket in the device-plugin directory, so the plugin
+// registers again); either way running pods keep their containers and instances, and a pod
+// created after it runs beside them.
+func TestNodeRestarts(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		restart func(w *world) error
+	}{
+		{"device plugin", func(w *world) error { return w.sb.RestartDevicePlugin(w.ctx, "n") }},
+		{"kubelet", func(w *world) error { return w.sb.RestartKubelet(w.ctx, "n") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := start(t, mig("n", "A100-40GB"))
+			w.create(pod("a", "mig", 2, 9000))
+			recs := w.running("a")
+			before := w.instances("n")
+			if err := tc.restart(w); err != nil {
+				t.Fatal(err)
+			}
+			if p := w.get("a"); p.Status.Phase != v1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 {
+				t.Errorf("a after the restart: %s, restarts %d", p.Status.Phase, p.Status.ContainerStatuses[0].RestartCount)
+			}
+			after := w.instances("n")
+			if len(after["a"]) != 2 || after["a"][0] != before["a"][0] || after["a"][1] != before["a"][1] {
+				t.Errorf("instances changed across the restart: %v → %v", before, after)
+			}
+			w.create(pod("b", "mig", 1, 4000))
+			got := w.running("b")
+			got["a"] = recs["a"]
+			noOverlap(t, got)
+			w.sameHardware("n", got)
+		})
 	}
-	after := w.instances("n")
-	if len(after["a"]) != 2 || after["a"][0] != before["a"][0] || after["a"][1] != before["a"][1] {
-		t.Errorf("instances changed across the restart: %v → %v", before, after)
-	}
-	// The restarted plugin still serves: a new pod gets its instance beside a's.
-	w.create(pod("b", "mig", 1, 4000))
-	got := w.running("b")
-	got["a"] = recs["a"]
-	noOverlap(t, got)
-	w.sameHardware("n", got)
-}
-
-// TestKubeletRestart: the real kubelet restarts (deleting every socket in the device-plugin
-// directory); running pods keep their instances, the device plugin registers again, and a
-// pod created after it runs beside them.
-func TestKubeletRestart(t *testing.T) {
-	w := start(t, mig("n", "A100-40GB"))
-	w.create(pod("a", "mig", 2, 9000))
-	recs := w.running("a")
-	before := w.instances("n")
-	if err := w.sb.RestartKubelet(w.ctx, "n"); err != nil {
-		t.Fatal(err)
-	}
-	if p := w.get("a"); p.Status.Phase != v1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 {
-		t.Errorf("a after the kubelet restart: %s, restarts %d", p.Status.Phase, p.Status.ContainerStatuses[0].RestartCount)
-	}
-	after := w.instances("n")
-	if len(after["a"]) != 2 || after["a"][0] != before["a"][0] || after["a"][1] != before["a"][1] {
-		t.Errorf("instances changed across the kubelet restart: %v → %v", before, after)
-	}
-	w.create(pod("b", "mig", 1, 4000))
-	got := w.running("b")
-	got["a"] = recs["a"]
-	noOverlap(t, got)
-	w.sameHardware("n", got)
 }
 
 func TestSchedulerRestartNoDoubleBooking(t *testing.T) {

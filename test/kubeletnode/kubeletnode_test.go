@@ -14,8 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
-
-	"github.com/dynamig/dynamig/test/cluster"
 )
 
 type env struct {
@@ -23,41 +21,12 @@ type env struct {
 	ctx    context.Context
 	client kubernetes.Interface
 	node   *Node
-	log    *LogBuffer
 }
 
 func startNode(t *testing.T) *env {
 	t.Helper()
-	kubelet, err := Binary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp, err := cluster.Start(t, cluster.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := cp.Client(cluster.UserAdmin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "kn") // short: unix socket paths are limited
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := &LogBuffer{}
-	n, err := Start(context.Background(), Options{Kubelet: kubelet, Kubeconfig: cp.Kubeconfig, NodeName: "kn", Dir: dir, Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, ctx: context.Background(), client: client, node: n, log: log}
-	t.Cleanup(func() {
-		n.Stop()
-		if t.Failed() {
-			out := log.String()
-			t.Logf("kubelet output (last 20000 bytes):\n%s", out[max(0, len(out)-20000):])
-		}
-		_ = os.RemoveAll(dir)
-	})
+	n, client := StartTestNode(t, "kn")
+	e := &env{t: t, ctx: context.Background(), client: client, node: n}
 	e.waitFor("node Ready", time.Minute, func() (bool, string) {
 		node, err := client.CoreV1().Nodes().Get(e.ctx, "kn", metav1.GetOptions{})
 		if err != nil {
