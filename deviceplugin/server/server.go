@@ -33,6 +33,12 @@ type Allocator interface {
 	Allocate(ctx context.Context, req *pluginapi.ContainerAllocateRequest) (*pluginapi.ContainerAllocateResponse, error)
 }
 
+// PreStarter prepares a container's devices just before the kubelet creates the container
+// (every start, restarts included). With one, the plugin registers with PreStartRequired.
+type PreStarter interface {
+	PreStartContainer(ctx context.Context, deviceIDs []string) error
+}
+
 // Options configure a Server.
 type Options struct {
 	// ResourceName is the extended resource to register, e.g. nvidia.com/gpu.
@@ -48,6 +54,9 @@ type Options struct {
 	Changed <-chan struct{}
 	// Allocator handles Allocate.
 	Allocator Allocator
+	// PreStarter, if set, handles PreStartContainer; a failure keeps the kubelet from
+	// creating the container (it retries with backoff).
+	PreStarter PreStarter
 	// RegisterRetry is the first delay after a failed registration; it doubles up to
 	// maxRegisterRetry. Default 1s.
 	RegisterRetry time.Duration
@@ -342,7 +351,7 @@ func (s *Server) register(ctx context.Context) error {
 		Version:      pluginapi.Version,
 		Endpoint:     s.opts.Endpoint,
 		ResourceName: s.opts.ResourceName,
-		Options:      pluginOptions(),
+		Options:      s.pluginOptions(),
 	})
 	if err != nil {
 		return fmt.Errorf("registering %s with kubelet at %s: %w", s.opts.ResourceName, s.kubeletSocket, err)
@@ -350,8 +359,8 @@ func (s *Server) register(ctx context.Context) error {
 	return nil
 }
 
-func pluginOptions() *pluginapi.DevicePluginOptions {
-	return &pluginapi.DevicePluginOptions{PreStartRequired: false, GetPreferredAllocationAvailable: false}
+func (s *Server) pluginOptions() *pluginapi.DevicePluginOptions {
+	return &pluginapi.DevicePluginOptions{PreStartRequired: s.opts.PreStarter != nil, GetPreferredAllocationAvailable: false}
 }
 
 // service implements the DevicePlugin gRPC service.
@@ -362,7 +371,7 @@ type service struct {
 }
 
 func (v *service) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
-	return pluginOptions(), nil
+	return v.s.pluginOptions(), nil
 }
 
 func (v *service) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_ListAndWatchServer) error {
@@ -415,6 +424,12 @@ func (v *service) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) 
 	return resp, nil
 }
 
-func (v *service) PreStartContainer(context.Context, *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+func (v *service) PreStartContainer(ctx context.Context, req *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	if v.s.opts.PreStarter == nil {
+		return &pluginapi.PreStartContainerResponse{}, nil
+	}
+	if err := v.s.opts.PreStarter.PreStartContainer(ctx, req.GetDevicesIds()); err != nil {
+		return nil, err
+	}
 	return &pluginapi.PreStartContainerResponse{}, nil
 }
