@@ -59,9 +59,6 @@ func New(dir string) (*Specs, error) {
 	return &Specs{dir: dir, cache: c}, nil
 }
 
-// Dir is the spec directory.
-func (s *Specs) Dir() string { return s.dir }
-
 // Write replaces the spec of node's device ID: a container naming QualifiedName(node, id)
 // gets edits.
 func (s *Specs) Write(node, deviceID string, edits specs.ContainerEdits) error {

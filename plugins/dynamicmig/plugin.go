@@ -55,8 +55,8 @@ type DynamicMIG struct {
 	args   *config.DynamicMIGArgs
 	device *config.DeviceConfig
 	opts   placement.Options
-	// signingKey signs each reservation on its Binding (api.SignReservation); loaded by the
-	// first Bind that needs it (signingKeyFor).
+	// signingKey signs each reservation on its Binding (api.SignReservation); loaded as the
+	// plugin starts (loadSigningKey), or by a Bind before that succeeded (signingKeyFor).
 	signingKeyMu sync.Mutex
 	signingKey   ed25519.PrivateKey
 	leases       coordinationlisters.LeaseNamespaceLister

@@ -39,27 +39,33 @@ func (r *recorder) Allocate(_ context.Context, req *pluginapi.ContainerAllocateR
 // rather than in deviceplugin/podresources, so the race run of deviceplugin/... does not
 // build the API server with the race detector.
 
-// TestFindOnTheRealKubelet: a device plugin registers two devices with the real kubelet, a
-// pod gets one, and the kubelet's PodResources API names that pod and container for the ID
-// it assigned, and nobody for the other.
-func TestFindOnTheRealKubelet(t *testing.T) {
+// runDevicePod starts a node named name, serves the devices ids of res on it through
+// deviceplugin/server (alloc answers Allocate; preStart, if not nil, makes the PreStarter
+// for the node), waits until the Node advertises them, and runs pod p there, asking for one
+// device, until it is Running (waiting up to running).
+func runDevicePod(t *testing.T, name string, ids []string, alloc server.Allocator, preStart func(*kubeletnode.Node) server.PreStarter, running time.Duration) (*kubeletnode.Node, *v1.Pod) {
+	t.Helper()
 	ctx := context.Background()
-	node, client := kubeletnode.StartTestNode(t, "pr")
-	rec := &recorder{}
-	srv, err := server.New(server.Options{ResourceName: res, SocketDir: node.DevicePluginDir, Allocator: rec, Devices: func() []*pluginapi.Device {
-		return []*pluginapi.Device{{ID: "d0", Health: pluginapi.Healthy}, {ID: "d1", Health: pluginapi.Healthy}}
-	}})
+	node, client := kubeletnode.StartTestNode(t, name)
+	var devs []*pluginapi.Device
+	for _, id := range ids {
+		devs = append(devs, &pluginapi.Device{ID: id, Health: pluginapi.Healthy})
+	}
+	opts := server.Options{ResourceName: res, SocketDir: node.DevicePluginDir, Allocator: alloc, Devices: func() []*pluginapi.Device { return devs }}
+	if preStart != nil {
+		opts.PreStarter = preStart(node)
+	}
+	srv, err := server.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sctx, stop := context.WithCancel(ctx)
-	defer stop()
+	t.Cleanup(stop)
 	go func() { _ = srv.Run(sctx) }()
-
-	poll := func(what string, cond func() (bool, string)) {
+	poll := func(what string, timeout time.Duration, cond func() (bool, string)) {
 		t.Helper()
 		var last string
-		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 			ok, s := cond()
 			last = s
 			return ok, nil
@@ -67,39 +73,57 @@ func TestFindOnTheRealKubelet(t *testing.T) {
 			t.Fatalf("waiting for %s: %s", what, last)
 		}
 	}
-	poll("the node to advertise the devices", func() (bool, string) {
-		n, err := client.CoreV1().Nodes().Get(ctx, "pr", metav1.GetOptions{})
+	poll("the node to advertise the devices", time.Minute, func() (bool, string) {
+		n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		q := n.Status.Allocatable[res]
-		return q.Value() == 2, q.String()
+		return q.Value() == int64(len(ids)), q.String()
 	})
 	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default"}, Spec: v1.PodSpec{
-		NodeName: "pr", AutomountServiceAccountToken: ptr.To(false),
+		NodeName: name, AutomountServiceAccountToken: ptr.To(false),
 		Containers: []v1.Container{{Name: "main", Image: "busybox", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{res: resource.MustParse("1")}}}},
 	}}
-	if _, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+	created, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	poll("the pod Running", func() (bool, string) {
+	poll("the pod Running", running, func() (bool, string) {
 		got, err := client.CoreV1().Pods("default").Get(ctx, "p", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		return got.Status.Phase == v1.PodRunning, string(got.Status.Phase) + " " + got.Status.Message
 	})
+	return node, created
+}
+
+// dialPodResources connects to the node's PodResources socket for the test.
+func dialPodResources(t *testing.T, node *kubeletnode.Node) *podresources.Client {
+	t.Helper()
+	pr, err := podresources.Dial(node.PodResourcesSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pr.Close() })
+	return pr
+}
+
+// TestFindOnTheRealKubelet: a device plugin registers two devices with the real kubelet, a
+// pod gets one, and the kubelet's PodResources API names that pod and container for the ID
+// it assigned, and nobody for the other.
+func TestFindOnTheRealKubelet(t *testing.T) {
+	ctx := context.Background()
+	rec := &recorder{}
+	node, _ := runDevicePod(t, "pr", []string{"d0", "d1"}, rec, nil, time.Minute)
 	rec.mu.Lock()
 	ids := append([]string(nil), rec.ids...)
 	rec.mu.Unlock()
 	if len(ids) != 1 {
 		t.Fatalf("Allocate saw %v, want one device", ids)
 	}
-	pr, err := podresources.Dial(node.PodResourcesSocket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
+	pr := dialPodResources(t, node)
 	owner, err := pr.Find(ctx, res, ids)
 	if err != nil || owner != (podresources.Owner{Namespace: "default", Pod: "p", Container: "main"}) {
 		t.Errorf("Find(%v) = %v, %v", ids, owner, err)
@@ -137,56 +161,12 @@ func (p *preStarter) PreStartContainer(ctx context.Context, ids []string) error 
 // PodResources already lists the container with exactly those device IDs, and a failed
 // PreStart keeps the container from being created until a later try succeeds.
 func TestOwnerKnownAtPreStart(t *testing.T) {
-	ctx := context.Background()
-	node, client := kubeletnode.StartTestNode(t, "ps")
-	pr, err := podresources.Dial(node.PodResourcesSocket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
-	hook := &preStarter{pr: pr}
-	srv, err := server.New(server.Options{ResourceName: res, SocketDir: node.DevicePluginDir, Allocator: &recorder{}, PreStarter: hook,
-		Devices: func() []*pluginapi.Device { return []*pluginapi.Device{{ID: "d0", Health: pluginapi.Healthy}} }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go func() { _ = srv.Run(sctx) }()
-	poll := func(what string, cond func() (bool, string)) {
-		t.Helper()
-		var last string
-		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 90*time.Second, true, func(context.Context) (bool, error) {
-			ok, s := cond()
-			last = s
-			return ok, nil
-		}); err != nil {
-			t.Fatalf("waiting for %s: %s", what, last)
-		}
-	}
-	poll("the node to advertise the device", func() (bool, string) {
-		n, err := client.CoreV1().Nodes().Get(ctx, "ps", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		q := n.Status.Allocatable[res]
-		return q.Value() == 1, q.String()
-	})
-	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default"}, Spec: v1.PodSpec{
-		NodeName: "ps", AutomountServiceAccountToken: ptr.To(false),
-		Containers: []v1.Container{{Name: "main", Image: "busybox", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{res: resource.MustParse("1")}}}},
-	}}
-	created, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	poll("the pod Running", func() (bool, string) {
-		got, err := client.CoreV1().Pods("default").Get(ctx, "p", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		return got.Status.Phase == v1.PodRunning, string(got.Status.Phase)
-	})
+	hook := &preStarter{}
+	// The kubelet retries the failed start with a backoff: more time to get Running.
+	node, created := runDevicePod(t, "ps", []string{"d0"}, &recorder{}, func(n *kubeletnode.Node) server.PreStarter {
+		hook.pr = dialPodResources(t, n)
+		return hook
+	}, 90*time.Second)
 	hook.mu.Lock()
 	defer hook.mu.Unlock()
 	if hook.calls < 2 {

@@ -24,6 +24,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	v1 "k8s.io/api/core/v1"
 )
 
 // KubeletEnv names the kubelet binary tests use; `make test` builds it into bin/kubelet
@@ -337,6 +339,17 @@ func (n *Node) Exited() (bool, error) {
 func (n *Node) Stop() {
 	n.StopKubelet()
 	n.Runtime.Stop()
+}
+
+// Ready reports whether the Node is Ready by a heartbeat after since (the zero time: any),
+// and says what its Ready condition holds.
+func Ready(node *v1.Node, since time.Time) (bool, string) {
+	for _, c := range node.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			return c.Status == v1.ConditionTrue && c.LastHeartbeatTime.After(since), c.Reason + ": " + c.Message
+		}
+	}
+	return false, "no Ready condition"
 }
 
 // LogBuffer collects output (the kubelet's, a component's) for a failure message; safe for

@@ -32,12 +32,7 @@ func startNode(t *testing.T) *env {
 		if err != nil {
 			return false, err.Error()
 		}
-		for _, c := range node.Status.Conditions {
-			if c.Type == v1.NodeReady {
-				return c.Status == v1.ConditionTrue, c.Reason + ": " + c.Message
-			}
-		}
-		return false, "no Ready condition"
+		return Ready(node, time.Time{})
 	})
 	return e
 }

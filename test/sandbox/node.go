@@ -205,22 +205,13 @@ func (n *node) restartKubelet(ctx context.Context) error {
 			return false, nil
 		}
 		q := node.Status.Allocatable[v1.ResourceName(n.resource)]
-		return nodeReadySince(node, restarted) && q.Value() > 0, nil
+		ready, _ := kubeletnode.Ready(node, restarted)
+		return ready && q.Value() > 0, nil
 	})
 	if err != nil {
 		return fmt.Errorf("node %s: not Ready with its devices after the kubelet restart: %w", n.cfg.Name, err)
 	}
 	return nil
-}
-
-// nodeReadySince reports whether the Node is Ready by a heartbeat after t.
-func nodeReadySince(node *v1.Node, t time.Time) bool {
-	for _, c := range node.Status.Conditions {
-		if c.Type == v1.NodeReady {
-			return c.Status == v1.ConditionTrue && c.LastHeartbeatTime.After(t)
-		}
-	}
-	return false
 }
 
 // waitAllocatable waits until the Node's allocatable count of the resource satisfies ok.
@@ -257,8 +248,8 @@ func (n *node) waitReady(ctx context.Context) error {
 			last = err.Error()
 			return false, nil
 		}
-		if !nodeReady(node) {
-			last = "the Node is not Ready"
+		if ready, why := kubeletnode.Ready(node, time.Time{}); !ready {
+			last = "the Node is not Ready (" + why + ")"
 			return false, nil
 		}
 		gpus, err := api.DecodeInventory(node.Annotations[api.NodeInventoryAnnotation])
@@ -295,15 +286,6 @@ func (n *node) waitReady(ctx context.Context) error {
 		return fmt.Errorf("waiting for the Node (%s): %w", last, err)
 	}
 	return nil
-}
-
-func nodeReady(node *v1.Node) bool {
-	for _, c := range node.Status.Conditions {
-		if c.Type == v1.NodeReady {
-			return c.Status == v1.ConditionTrue
-		}
-	}
-	return false
 }
 
 func tail(s string, n int) string { return s[max(0, len(s)-n):] }
