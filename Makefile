@@ -39,8 +39,8 @@ test: lint unit race fuzz
 # The real kubelet of the pinned Kubernetes (go.mod's tool k8s.io/kubernetes/cmd/kubelet),
 # which the test nodes run (test/kubeletnode); tests find it through DYNAMIG_KUBELET. The
 # version stamp is test/kubeletnode.LDFlags'.
-KUBELET := $(abspath $(BIN))/kubelet
-export DYNAMIG_KUBELET := $(KUBELET)
+KUBELET := $(BIN)/kubelet
+export DYNAMIG_KUBELET := $(abspath $(KUBELET))
 KUBELET_VERSION := v1.35.4
 $(KUBELET): go.mod go.sum
 	$(GO) build -ldflags "-X k8s.io/component-base/version.gitVersion=$(KUBELET_VERSION) -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35" -o $@ k8s.io/kubernetes/cmd/kubelet

@@ -155,6 +155,14 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if opts.Kubelet == "" || opts.Kubeconfig == "" || opts.NodeName == "" || opts.Dir == "" {
 		return nil, errors.New("kubeletnode: Kubelet, Kubeconfig, NodeName and Dir are required")
 	}
+	// The kubelet runs in a directory of its own: relative paths would not reach.
+	for _, p := range []*string{&opts.Kubelet, &opts.Kubeconfig, &opts.Dir} {
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return nil, err
+		}
+		*p = abs
+	}
 	if opts.NodeStatusUpdateFrequency == 0 {
 		opts.NodeStatusUpdateFrequency = 2 * time.Second
 	}
