@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"slices"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -37,13 +36,8 @@ type DynamicMIGArgs struct {
 	// FragmentationAware adds the fragmentation cost of a placement to its score (default
 	// true); false is the ablation the benchmarks compare against.
 	FragmentationAware *bool `json:"fragmentationAware,omitempty"`
-	// HandoffAwareScoring ranks nodes whose hand-off Lease is taken (a GPU pod being bound
-	// or realised there) below every idle node (default true): a burst of GPU pods then
-	// binds on several nodes in parallel instead of queueing on one node's Lease. false
-	// keeps strict binpacking at the cost of that wait.
-	HandoffAwareScoring *bool `json:"handoffAwareScoring,omitempty"`
 
-	// LeaseNamespace holds the hand-off and heartbeat Leases and the ConfigMap of the
+	// LeaseNamespace holds the device plugins' heartbeat Leases and the ConfigMap of the
 	// reservation signing public keys.
 	LeaseNamespace string `json:"leaseNamespace,omitempty"`
 	// SigningKeyNamespace holds the Secret of the scheduler's reservation signing key; only
@@ -52,10 +46,6 @@ type DynamicMIGArgs struct {
 	// CreateSigningKey lets the scheduler create its reservation signing key on first start
 	// when the Secret does not exist (default true). false: an operator provides the key.
 	CreateSigningKey *bool `json:"createSigningKey,omitempty"`
-	// HandoffLeaseDurationSeconds is the hand-off Lease's duration (default 60).
-	HandoffLeaseDurationSeconds int32 `json:"handoffLeaseDurationSeconds,omitempty"`
-	// HandoffTimeout bounds how long Bind waits for another pod's hand-off (default 2m).
-	HandoffTimeout *metav1.Duration `json:"handoffTimeout,omitempty"`
 
 	// MetricsBindAddress is where cmd/dynamig-scheduler serves the plugin's metrics.
 	MetricsBindAddress string `json:"metricsBindAddress,omitempty"`
@@ -63,12 +53,8 @@ type DynamicMIGArgs struct {
 	LegacyMetrics bool `json:"legacyMetrics,omitempty"`
 }
 
-// Defaults of DynamicMIGArgs.
-const (
-	DefaultHandoffLeaseDurationSeconds = 60
-	DefaultHandoffTimeout              = 2 * time.Minute
-	DefaultSchedulerMetricsAddress     = ":9395"
-)
+// DefaultSchedulerMetricsAddress is the default MetricsBindAddress.
+const DefaultSchedulerMetricsAddress = ":9395"
 
 var _ runtime.Object = &DynamicMIGArgs{}
 
@@ -79,17 +65,9 @@ func (a *DynamicMIGArgs) DeepCopyObject() runtime.Object {
 		v := *a.FragmentationAware
 		out.FragmentationAware = &v
 	}
-	if a.HandoffAwareScoring != nil {
-		v := *a.HandoffAwareScoring
-		out.HandoffAwareScoring = &v
-	}
 	if a.CreateSigningKey != nil {
 		v := *a.CreateSigningKey
 		out.CreateSigningKey = &v
-	}
-	if a.HandoffTimeout != nil {
-		v := *a.HandoffTimeout
-		out.HandoffTimeout = &v
 	}
 	return &out
 }
@@ -111,17 +89,8 @@ func (a *DynamicMIGArgs) SetDefaults() {
 	if a.FragmentationAware == nil {
 		a.FragmentationAware = ptrTo(true)
 	}
-	if a.HandoffAwareScoring == nil {
-		a.HandoffAwareScoring = ptrTo(true)
-	}
 	if a.CreateSigningKey == nil {
 		a.CreateSigningKey = ptrTo(true)
-	}
-	if a.HandoffLeaseDurationSeconds == 0 {
-		a.HandoffLeaseDurationSeconds = DefaultHandoffLeaseDurationSeconds
-	}
-	if a.HandoffTimeout == nil {
-		a.HandoffTimeout = &metav1.Duration{Duration: DefaultHandoffTimeout}
 	}
 }
 
@@ -143,12 +112,6 @@ func (a *DynamicMIGArgs) Validate() field.ErrorList {
 	}
 	for _, msg := range validation.IsDNS1123Label(a.SigningKeyNamespace) {
 		errs = append(errs, field.Invalid(field.NewPath("signingKeyNamespace"), a.SigningKeyNamespace, msg))
-	}
-	if a.HandoffLeaseDurationSeconds < 1 || a.HandoffLeaseDurationSeconds > 3600 {
-		errs = append(errs, field.Invalid(field.NewPath("handoffLeaseDurationSeconds"), a.HandoffLeaseDurationSeconds, "must be in 1..3600 seconds"))
-	}
-	if a.HandoffTimeout == nil || a.HandoffTimeout.Duration <= 0 {
-		errs = append(errs, field.Invalid(field.NewPath("handoffTimeout"), a.HandoffTimeout, "must be a positive duration such as 2m"))
 	}
 	if a.MetricsBindAddress != "" {
 		if _, _, err := net.SplitHostPort(a.MetricsBindAddress); err != nil {

@@ -3,7 +3,6 @@ package config
 import (
 	"strings"
 	"testing"
-	"time"
 )
 
 func TestDynamicMIGArgsDefaults(t *testing.T) {
@@ -13,32 +12,29 @@ func TestDynamicMIGArgsDefaults(t *testing.T) {
 	}
 	if args.ResourceCountName != "nvidia.com/gpu" || args.NodeSchedulerPolicy != "binpack" ||
 		args.MIGGPUSchedulerPolicy != "binpack" || args.HAMiCoreGPUSchedulerPolicy != "spread" ||
-		args.LeaseNamespace != "dynamig-system" || args.HandoffLeaseDurationSeconds != 60 ||
-		args.HandoffTimeout.Duration != 2*time.Minute || args.MetricsBindAddress != ":9395" ||
-		!*args.FragmentationAware || args.LegacyMetrics {
+		args.LeaseNamespace != "dynamig-system" || args.SigningKeyNamespace != "dynamig-signing" ||
+		args.MetricsBindAddress != ":9395" || !*args.FragmentationAware || !*args.CreateSigningKey || args.LegacyMetrics {
 		t.Errorf("defaults: %+v", args)
 	}
 	cp := args.DeepCopyObject().(*DynamicMIGArgs)
-	*cp.FragmentationAware = false
-	if !*args.FragmentationAware {
-		t.Errorf("DeepCopyObject shares FragmentationAware")
+	*cp.FragmentationAware, *cp.CreateSigningKey = false, false
+	if !*args.FragmentationAware || !*args.CreateSigningKey {
+		t.Errorf("DeepCopyObject shares FragmentationAware or CreateSigningKey")
 	}
 }
 
 func TestDecodeDynamicMIGArgs(t *testing.T) {
-	args, err := DecodeDynamicMIGArgs([]byte(`{"kind":"DynamicMIGArgs","apiVersion":"kubescheduler.config.k8s.io/v1","handoffTimeout":"30s","fragmentationAware":false,"nodeSchedulerPolicy":"spread"}`))
+	args, err := DecodeDynamicMIGArgs([]byte(`{"kind":"DynamicMIGArgs","apiVersion":"kubescheduler.config.k8s.io/v1","leaseNamespace":"gpu-system","fragmentationAware":false,"nodeSchedulerPolicy":"spread"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if args.HandoffTimeout.Duration != 30*time.Second || *args.FragmentationAware || args.NodeSchedulerPolicy != "spread" {
+	if args.LeaseNamespace != "gpu-system" || *args.FragmentationAware || args.NodeSchedulerPolicy != "spread" {
 		t.Errorf("decoded: %+v", args)
 	}
 	for _, tc := range []struct{ doc, want string }{
 		{"nodeSchedulerPolicy: pack", "nodeSchedulerPolicy"},
 		{"migGPUSchedulerPolicy: x", "migGPUSchedulerPolicy"},
-		{"handoffTimeout: -1s", "handoffTimeout"},
-		{"handoffTimeout: soon", "handoffTimeout"},
-		{"handoffLeaseDurationSeconds: 7200", "handoffLeaseDurationSeconds"},
+		{"signingKeyNamespace: Bad_NS", "signingKeyNamespace"},
 		{"leaseNamespace: Bad_NS", "leaseNamespace"},
 		{"metricsBindAddress: nine", "metricsBindAddress"},
 		{"resourceCoreName: cores", "resourceCoreName"},

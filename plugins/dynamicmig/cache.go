@@ -76,9 +76,7 @@ func largestDevice(g *api.GPU) int {
 type reservationCache struct {
 	mu       sync.RWMutex
 	inflight map[types.UID]inflight
-	// perNode counts the in-flight reservations of each node.
-	perNode map[string]int
-	decoded map[string][]api.MigReservation
+	decoded  map[string][]api.MigReservation
 }
 
 type inflight struct {
@@ -90,33 +88,13 @@ type inflight struct {
 const maxDecoded = 1 << 16
 
 func newReservationCache() *reservationCache {
-	return &reservationCache{inflight: map[types.UID]inflight{}, perNode: map[string]int{}, decoded: map[string][]api.MigReservation{}}
+	return &reservationCache{inflight: map[types.UID]inflight{}, decoded: map[string][]api.MigReservation{}}
 }
 
 func (c *reservationCache) add(uid types.UID, node string, res *placement.Result) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.dropLocked(uid)
 	c.inflight[uid] = inflight{node: node, result: res}
-	c.perNode[node]++
-}
-
-func (c *reservationCache) dropLocked(uid types.UID) {
-	r, ok := c.inflight[uid]
-	if !ok {
-		return
-	}
-	delete(c.inflight, uid)
-	if c.perNode[r.node]--; c.perNode[r.node] <= 0 {
-		delete(c.perNode, r.node)
-	}
-}
-
-// reservedOn is the number of in-flight reservations on the node.
-func (c *reservationCache) reservedOn(node string) int {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.perNode[node]
 }
 
 func (c *reservationCache) get(uid types.UID) (inflight, bool) {
@@ -129,7 +107,7 @@ func (c *reservationCache) get(uid types.UID) (inflight, bool) {
 func (c *reservationCache) remove(uid types.UID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.dropLocked(uid)
+	delete(c.inflight, uid)
 }
 
 func (c *reservationCache) inflightCount() int {

@@ -67,7 +67,6 @@ func (pl *DynamicMIG) onLeaseEvent(oldObj, newObj any) {
 	if ok {
 		pl.leaseTimes.set(l)
 	}
-	pl.leaseChanges.notify()
 	if !ok || !strings.HasPrefix(l.Name, api.HeartbeatLeasePrefix) || len(l.Name) == len(api.HeartbeatLeasePrefix) {
 		return
 	}
@@ -101,20 +100,18 @@ func (pl *DynamicMIG) onLeaseDelete(obj any) {
 	if l, ok := obj.(*coordinationv1.Lease); ok {
 		pl.leaseTimes.remove(l)
 	}
-	pl.leaseChanges.notify()
 }
 
-// leaseTimes holds, per node, until when its heartbeat is fresh and until when its
-// hand-off Lease is held, from the Lease informer: Filter and Score ask for every node of
-// every cycle, so they look up a time instead of reading and parsing Leases.
+// leaseTimes holds, per node, until when its device plugin's heartbeat is fresh, from the
+// Lease informer: Filter asks for every node of every cycle, so it looks up a time instead
+// of reading and parsing Leases.
 type leaseTimes struct {
 	mu        sync.RWMutex
 	heartbeat map[string]time.Time
-	handoff   map[string]time.Time
 }
 
 func newLeaseTimes() *leaseTimes {
-	return &leaseTimes{heartbeat: map[string]time.Time{}, handoff: map[string]time.Time{}}
+	return &leaseTimes{heartbeat: map[string]time.Time{}}
 }
 
 // expiry is when the Lease stops being fresh; zero when it has no renew time or duration.
@@ -130,12 +127,6 @@ func (t *leaseTimes) set(l *coordinationv1.Lease) {
 	defer t.mu.Unlock()
 	if node, ok := strings.CutPrefix(l.Name, api.HeartbeatLeasePrefix); ok {
 		t.heartbeat[node] = expiry(l)
-	} else if node, ok := strings.CutPrefix(l.Name, api.HandoffLeasePrefix); ok {
-		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
-			delete(t.handoff, node)
-		} else {
-			t.handoff[node] = expiry(l)
-		}
 	}
 }
 
@@ -144,8 +135,6 @@ func (t *leaseTimes) remove(l *coordinationv1.Lease) {
 	defer t.mu.Unlock()
 	if node, ok := strings.CutPrefix(l.Name, api.HeartbeatLeasePrefix); ok {
 		delete(t.heartbeat, node)
-	} else if node, ok := strings.CutPrefix(l.Name, api.HandoffLeasePrefix); ok {
-		delete(t.handoff, node)
 	}
 }
 
@@ -154,13 +143,5 @@ func (t *leaseTimes) heartbeatFresh(node string, now time.Time) bool {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	e, ok := t.heartbeat[node]
-	return ok && e.After(now)
-}
-
-// handoffHeld reports whether the node's hand-off Lease has a holder and is fresh at now.
-func (t *leaseTimes) handoffHeld(node string, now time.Time) bool {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	e, ok := t.handoff[node]
 	return ok && e.After(now)
 }

@@ -13,14 +13,9 @@ var Registry = prometheus.NewRegistry()
 var (
 	latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "dynamig", Subsystem: "scheduler", Name: "extension_point_duration_seconds",
-		Help:    "Time DynamicMIG spends per call at Filter, Score and Bind (Bind without the hand-off wait).",
+		Help:    "Time DynamicMIG spends per call at Filter, Score and Bind.",
 		Buckets: prometheus.ExponentialBuckets(0.00001, 4, 10),
 	}, []string{"extension_point"})
-	handoffWait = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: "dynamig", Subsystem: "scheduler", Name: "handoff_wait_seconds",
-		Help:    "Time Bind waits for the node's hand-off Lease.",
-		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
-	})
 	refusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "dynamig", Subsystem: "scheduler", Name: "unschedulable_reasons_total",
 		Help: "Nodes refused for a GPU pod, by reason.",
@@ -28,13 +23,11 @@ var (
 )
 
 func init() {
-	Registry.MustRegister(latency, handoffWait, refusals)
+	Registry.MustRegister(latency, refusals)
 }
 
 func observeLatency(point string, start time.Time) {
 	latency.WithLabelValues(point).Observe(time.Since(start).Seconds())
 }
-
-func observeHandoffWait(start time.Time) { handoffWait.Observe(time.Since(start).Seconds()) }
 
 func observeRefusal(reason string) { refusals.WithLabelValues(reason).Inc() }

@@ -17,8 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	coordinationinformers "k8s.io/client-go/informers/coordination/v1"
 	clientset "k8s.io/client-go/kubernetes"
-	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -59,21 +57,13 @@ type DynamicMIG struct {
 	// plugin starts (loadSigningKey), or by a Bind before that succeeded (signingKeyFor).
 	signingKeyMu sync.Mutex
 	signingKey   ed25519.PrivateKey
-	leases       coordinationlisters.LeaseNamespaceLister
-	pods         corelisters.PodLister
-	// leaseTimes are the heartbeat and hand-off Lease expiries per node.
+	// leaseTimes are the device plugins' heartbeat Lease expiries per node.
 	leaseTimes *leaseTimes
-	// writtenLeases holds the hand-off Lease this scheduler last wrote, per Lease name.
-	writtenLeases sync.Map
-	// leaseChanges wakes binds waiting for a hand-off Lease on every Lease event.
-	leaseChanges broadcast
-	inventory    *inventoryCache
+	inventory  *inventoryCache
 	// fits remembers each node's last fit (same request, same NodeInfo generation).
 	fits *fitCache
 	// reservations holds what Reserve chose for pods not yet bound with it.
 	reservations *reservationCache
-	// nodeGates serialise the binds of one node before they contend for its Lease.
-	nodeGates nodeGates
 	// heartbeatWaiters are pods refused because a node's device plugin heartbeat expired;
 	// they are activated when a heartbeat is renewed.
 	heartbeatWaiters sync.Map // types.UID → *v1.Pod
@@ -114,17 +104,15 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 		leaseTimes:   newLeaseTimes(),
 		reservations: newReservationCache(),
 	}
-	// Only the system namespace's Leases are watched: the node leases of kube-node-lease
-	// change every 10 s on every node and are none of our business.
+	// The heartbeat Leases: only the system namespace's Leases are watched, the node leases
+	// of kube-node-lease change every 10 s on every node and are none of our business.
 	informer := h.SharedInformerFactory().InformerFor(&coordinationv1.Lease{}, func(c clientset.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return coordinationinformers.NewLeaseInformer(c, args.LeaseNamespace, resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+		return coordinationinformers.NewLeaseInformer(c, args.LeaseNamespace, resync, cache.Indexers{})
 	})
-	pl.leases = coordinationlisters.NewLeaseLister(informer.GetIndexer()).Leases(args.LeaseNamespace)
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: pl.onLeaseAdd, UpdateFunc: pl.onLeaseUpdate, DeleteFunc: pl.onLeaseDelete}); err != nil {
 		return nil, fmt.Errorf("%s: watching Leases: %w", Name, err)
 	}
 	factory := h.SharedInformerFactory()
-	pl.pods = factory.Core().V1().Pods().Lister()
 	collector.setSource(pl, factory.Core().V1().Nodes().Lister(), factory.Core().V1().Pods().Lister())
 	// Drop in-flight reservations of deleted pods. Bound pods' entries are dropped when a
 	// NodeInfo shows the pod with its annotation (addOccupancy): dropping them on the

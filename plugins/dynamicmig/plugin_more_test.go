@@ -253,10 +253,7 @@ func TestHeartbeat(t *testing.T) {
 	if _, err := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Update(e.ctx, stale, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool {
-		l, err := e.pl.leases.Get(api.HeartbeatLeaseName("n"))
-		return err == nil && !leaseFresh(l, time.Now())
-	})
+	waitFor(t, func() bool { return !e.pl.leaseTimes.heartbeatFresh("n", time.Now()) })
 	pod := gpuPod("p", api.ModeMIG, [2]int{1, 4000})
 	if p, statuses := e.schedule(pod); p != nil || !strings.Contains(reasons(statuses), reasonHeartbeat) {
 		t.Fatalf("a node without heartbeat must refuse: %s", reasons(statuses))

@@ -16,7 +16,6 @@ const (
 	gpuWeight           = 1000
 	hostWeight          = 200
 	fragmentationWeight = 10
-	handoffBusyPenalty  = gpuWeight + hostWeight
 )
 
 // PreScore skips Score for pods without GPU requests (PreFilter skipped them, so no state).
@@ -50,12 +49,7 @@ func (pl *DynamicMIG) Score(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if pl.opts.FragmentationAware {
 		cost = f.result.Cost
 	}
-	score := int64(math.Round(gpu*gpuWeight+host*hostWeight)) - int64(cost*fragmentationWeight)
-	if *pl.args.HandoffAwareScoring && pl.handoffBusy(nodeInfo.Node().Name) {
-		// Below every idle node: Bind would wait for the node's Lease.
-		score -= handoffBusyPenalty
-	}
-	return score, nil
+	return int64(math.Round(gpu*gpuWeight+host*hostWeight)) - int64(cost*fragmentationWeight), nil
 }
 
 // hostUtilisation is the mean of the node's requested CPU and memory fractions.

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
@@ -173,6 +174,10 @@ func TestShippedConfigLeaderElection(t *testing.T) {
 func TestServeMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// The plugin's metrics appear once observed; a probe in its registry shows it is served.
+	probe := prometheus.NewGauge(prometheus.GaugeOpts{Name: "dynamig_scheduler_test_probe", Help: "TestServeMetrics' probe."})
+	dynamicmig.Registry.MustRegister(probe)
+	defer dynamicmig.Registry.Unregister(probe)
 	addr, stopped, err := serveMetrics(ctx, "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +189,7 @@ func TestServeMetrics(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "dynamig_scheduler_handoff_wait_seconds") {
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "dynamig_scheduler_test_probe 0") {
 		t.Errorf("GET %s: %s\n%s", url, resp.Status, body)
 	}
 
