@@ -88,6 +88,65 @@ func TestInvalidRequests(t *testing.T) {
 	}
 }
 
+// TestInitContainers: a plain init container (no restartPolicy: Always) asking for a GPU makes
+// PreFilter refuse the pod, unresolvably, saying what to do, and the plugin records no event
+// of its own (the framework's FailedScheduling carries the message); a sidecar's GPU request
+// is reserved like an app container's, under its index; a plain init container without GPU
+// only counts in the indexes.
+func TestInitContainers(t *testing.T) {
+	withInit := func(name string, restart *v1.ContainerRestartPolicy, gpu bool) *v1.Pod {
+		p := gpuPod(name, api.ModeMIG, [2]int{1, 4000})
+		init := v1.Container{Name: "setup", Image: "busybox", RestartPolicy: restart}
+		if gpu {
+			init.Resources = p.Spec.Containers[0].Resources
+		}
+		p.Spec.InitContainers = []v1.Container{init}
+		return p
+	}
+	always := v1.ContainerRestartPolicyAlways
+	for _, tc := range []struct {
+		name string
+		pod  *v1.Pod
+		// containers: the container index of each reservation; nil: refused with want.
+		containers []int
+		want       string
+	}{
+		{name: "plain init container asking for a GPU", pod: withInit("plain-init", nil, true),
+			want: `init container "setup" requests nvidia.com/gpu and nvidia.com/gpumem: dynamig gives GPUs to regular containers and sidecars (init containers with restartPolicy: Always) only; move the GPU request to a sidecar or the main container`},
+		{name: "sidecar asking for a GPU", pod: withInit("sidecar", &always, true), containers: []int{0, 1}},
+		{name: "plain init container without GPU", pod: withInit("init-no-gpu", nil, false), containers: []int{1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
+			bound, statuses := e.schedule(tc.pod)
+			if tc.containers == nil {
+				st := statuses[""]
+				if bound != nil || st == nil || st.Code() != fwk.UnschedulableAndUnresolvable || st.Message() != tc.want {
+					t.Fatalf("bound %v, PreFilter status %v; want UnschedulableAndUnresolvable %q", bound != nil, st, tc.want)
+				}
+				if n := len(e.events.Events); n != 0 {
+					t.Errorf("the plugin recorded %d events for a refused pod: %s", n, <-e.events.Events)
+				}
+				return
+			}
+			if bound == nil {
+				t.Fatalf("unschedulable: %s", reasons(statuses))
+			}
+			recs, err := api.DecodeMigReservations(bound.Annotations[api.MigReservationsAnnotation])
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []int
+			for _, r := range recs {
+				got = append(got, r.ContainerIndex)
+			}
+			if !slices.Equal(got, tc.containers) {
+				t.Errorf("reservations for containers %v, want %v", got, tc.containers)
+			}
+		})
+	}
+}
+
 func TestPreemptionDryRun(t *testing.T) {
 	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
 	e.mustSchedule(gpuPod("victim", api.ModeMIG, [2]int{1, 40000}))

@@ -31,6 +31,11 @@ type Request struct {
 
 // Parse reads the pod's GPU request. It returns nil, nil for a pod that asks for no GPU.
 // Every error names the container (or annotation) and the value.
+//
+// GPUs go to regular containers and sidecars (init containers with restartPolicy: Always)
+// only: a plain init container asking for any GPU resource is an error. The device plugin
+// finds the container of each device in the kubelet's PodResources API, which does not list
+// plain init containers, and the kubelet reuses their device IDs for the app containers.
 func Parse(pod *v1.Pod, names config.ResourceNames, defaultNodePolicy string) (*Request, error) {
 	req := &Request{NodePolicy: defaultNodePolicy}
 	var errs []error
@@ -45,10 +50,17 @@ func Parse(pod *v1.Pod, names config.ResourceNames, defaultNodePolicy string) (*
 		errs = append(errs, err)
 		cores, err := quantity(c, names.ResourceCoreName)
 		errs = append(errs, err)
+		if i < len(pod.Spec.InitContainers) && !sidecar(c) {
+			if asked := askedFor(names, count, mem, pct, cores); len(asked) > 0 {
+				errs = append(errs, fmt.Errorf("init container %q requests %s: dynamig gives GPUs to regular containers and sidecars (init containers with restartPolicy: Always) only; move the GPU request to a sidecar or the main container",
+					c.Name, strings.Join(asked, " and ")))
+			}
+			continue
+		}
 		if count == 0 {
 			if mem > 0 || pct > 0 || cores > 0 {
 				errs = append(errs, fmt.Errorf("container %q asks for %s without %s: kubelet gives devices only through %s, add %s: 1",
-					c.Name, strings.Join(askedFor(names, mem, pct, cores), " and "), names.ResourceCountName, names.ResourceCountName, names.ResourceCountName))
+					c.Name, strings.Join(askedFor(names, 0, mem, pct, cores), " and "), names.ResourceCountName, names.ResourceCountName, names.ResourceCountName))
 			}
 			continue
 		}
@@ -145,8 +157,18 @@ func asWhole(q resource.Quantity) (int64, bool) {
 	return whole.UnscaledBig().Int64(), true
 }
 
-func askedFor(names config.ResourceNames, mem, pct, cores int64) []string {
+// sidecar reports whether an init container is a sidecar: restartable, it runs beside the
+// app containers.
+func sidecar(c *v1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == v1.ContainerRestartPolicyAlways
+}
+
+// askedFor names the GPU resources a container asks for.
+func askedFor(names config.ResourceNames, count, mem, pct, cores int64) []string {
 	var out []string
+	if count > 0 {
+		out = append(out, names.ResourceCountName)
+	}
 	if mem > 0 {
 		out = append(out, names.ResourceMemoryName)
 	}

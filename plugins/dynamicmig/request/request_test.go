@@ -24,8 +24,20 @@ func podWith(annotations map[string]string, containers ...v1.ResourceList) *v1.P
 func TestParsePod(t *testing.T) {
 	names := config.DefaultResourceNames()
 	q := resource.MustParse
-	init := podWith(nil, v1.ResourceList{api.ResourceCount: q("1"), api.ResourceMemory: q("3000")})
-	init.Spec.InitContainers = []v1.Container{{Name: "init", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: q("2"), api.ResourceCores: q("30")}}}}
+	// withInit is a pod whose one app container asks for a device of 3000 MiB, after the init
+	// containers given.
+	withInit := func(inits ...v1.Container) *v1.Pod {
+		p := podWith(nil, v1.ResourceList{api.ResourceCount: q("1"), api.ResourceMemory: q("3000")})
+		p.Spec.InitContainers = inits
+		return p
+	}
+	always := v1.ContainerRestartPolicyAlways
+	initAsking := func(name string, restart *v1.ContainerRestartPolicy, limits v1.ResourceList) v1.Container {
+		return v1.Container{Name: name, RestartPolicy: restart, Resources: v1.ResourceRequirements{Limits: limits}}
+	}
+	sidecar := initAsking("sidecar", &always, v1.ResourceList{api.ResourceCount: q("2"), api.ResourceCores: q("30")})
+	setup := initAsking("setup", nil, v1.ResourceList{v1.ResourceCPU: q("1")})
+	const initRefused = `init container "setup" requests nvidia.com/gpu: dynamig gives GPUs to regular containers and sidecars (init containers with restartPolicy: Always) only; move the GPU request to a sidecar or the main container`
 	for _, tc := range []struct {
 		name    string
 		pod     *v1.Pod
@@ -37,12 +49,30 @@ func TestParsePod(t *testing.T) {
 				t.Errorf("a CPU pod has no request: %+v", r)
 			}
 		}},
-		{name: "init containers first", pod: init, check: func(t *testing.T, r *Request) {
+		{name: "sidecar first", pod: withInit(sidecar), check: func(t *testing.T, r *Request) {
 			if len(r.Containers) != 2 || r.Containers[0].Index != 0 || r.Containers[0].Devices != 2 || r.Containers[0].Cores != 30 ||
 				r.Containers[1].Index != 1 || r.Containers[1].MemoryMiB != 3000 || r.Devices != 3 {
 				t.Errorf("%+v", r.Containers)
 			}
 		}},
+		{name: "init container without GPU counts in the index", pod: withInit(setup, sidecar), check: func(t *testing.T, r *Request) {
+			if len(r.Containers) != 2 || r.Containers[0].Index != 1 || r.Containers[0].Devices != 2 || r.Containers[1].Index != 2 || r.Devices != 3 {
+				t.Errorf("%+v", r.Containers)
+			}
+		}},
+		{name: "plain init container asking for a GPU", wantErr: initRefused,
+			pod: withInit(initAsking("setup", nil, v1.ResourceList{api.ResourceCount: q("1")}))},
+		{name: "plain init container asking for GPUs, requests only", wantErr: initRefused, pod: withInit(v1.Container{Name: "setup",
+			Resources: v1.ResourceRequirements{Requests: v1.ResourceList{api.ResourceCount: q("1")}}})},
+		{name: "plain init container of a pod asking for no other GPU", wantErr: initRefused, pod: func() *v1.Pod {
+			p := podWith(nil, v1.ResourceList{v1.ResourceCPU: q("1")})
+			p.Spec.InitContainers = []v1.Container{initAsking("setup", nil, v1.ResourceList{api.ResourceCount: q("1")})}
+			return p
+		}()},
+		{name: "plain init container asking for memory and cores", pod: withInit(initAsking("setup", nil, v1.ResourceList{api.ResourceMemory: q("1000"), api.ResourceCores: q("10")})),
+			wantErr: `init container "setup" requests nvidia.com/gpumem and nvidia.com/gpucores: dynamig gives GPUs to regular containers and sidecars`},
+		{name: "init container with restartPolicy OnFailure is plain", wantErr: `init container "once" requests nvidia.com/gpu and nvidia.com/gpumem-percentage:`,
+			pod: withInit(initAsking("once", ptrTo(v1.ContainerRestartPolicyOnFailure), v1.ResourceList{api.ResourceCount: q("1"), api.ResourceMemoryPercentage: q("50")}))},
 		{name: "annotations", pod: podWith(map[string]string{
 			api.VGPUModeAnnotation: "mig", api.UseGPUTypeAnnotation: "A100, H100", api.NoUseGPUUUIDAnnotation: "GPU-1",
 			api.NodeSchedulerPolicyAnnotation: "spread", api.GPUSchedulerPolicyAnnotation: "spread",
@@ -131,3 +161,5 @@ func FuzzParsePod(f *testing.F) {
 		}
 	})
 }
+
+func ptrTo[T any](v T) *T { return &v }
