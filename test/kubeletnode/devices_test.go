@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/ptr"
 
@@ -39,13 +40,117 @@ func (r *recorder) Allocate(_ context.Context, req *pluginapi.ContainerAllocateR
 // rather than in deviceplugin/podresources, so the race run of deviceplugin/... does not
 // build the API server with the race detector.
 
+// startPlugin runs the device-plugin server s until the test ends; stop cancels it and
+// returns what Run returned (an error if it did not return within 10 s).
+func startPlugin(t *testing.T, s *server.Server) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				err = fmt.Errorf("Run did not return within 10 s of its cancel")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// waitFor polls cond every 100 ms until it holds, failing the test after timeout with what
+// cond last said.
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	var last string
+	if err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		ok, s := cond()
+		last = s
+		return ok, nil
+	}); err != nil {
+		t.Fatalf("waiting for %s: %s", what, last)
+	}
+}
+
+// waitDevices waits until the Node reports capacity and allocatable devices of the resource
+// (the kubelet's view: capacity counts the unhealthy ones, allocatable only the healthy).
+func waitDevices(t *testing.T, client kubernetes.Interface, node, resource string, capacity, allocatable int64) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("node %s to report %s capacity %d, allocatable %d", node, resource, capacity, allocatable), time.Minute, func() (bool, string) {
+		n, err := client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		c, a := n.Status.Capacity[v1.ResourceName(resource)], n.Status.Allocatable[v1.ResourceName(resource)]
+		return c.Value() == capacity && a.Value() == allocatable, "capacity " + c.String() + ", allocatable " + a.String()
+	})
+}
+
+// create creates the pod.
+func create(t *testing.T, client kubernetes.Interface, p *v1.Pod) *v1.Pod {
+	t.Helper()
+	created, err := client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return created
+}
+
+// runPod creates p and waits up to timeout until it is Running.
+func runPod(t *testing.T, client kubernetes.Interface, p *v1.Pod, timeout time.Duration) *v1.Pod {
+	t.Helper()
+	created := create(t, client, p)
+	waitPhase(t, client, created, v1.PodRunning, timeout)
+	return created
+}
+
+// waitPhase waits up to timeout until the pod is in phase and returns it as it was then.
+func waitPhase(t *testing.T, client kubernetes.Interface, p *v1.Pod, phase v1.PodPhase, timeout time.Duration) *v1.Pod {
+	t.Helper()
+	var got *v1.Pod
+	waitFor(t, "pod "+p.Name+" "+string(phase), timeout, func() (bool, string) {
+		var err error
+		if got, err = client.CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{}); err != nil {
+			return false, err.Error()
+		}
+		return got.Status.Phase == phase, string(got.Status.Phase) + " " + got.Status.Reason + " " + got.Status.Message
+	})
+	return got
+}
+
+// devicePod is a pod for node whose containers ask for the given numbers of res devices
+// (0: none), named c0, c1, …; init > 0 adds a plain init container "init" asking for init.
+func devicePod(name, node string, init int, containers ...int) *v1.Pod {
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}, Spec: v1.PodSpec{
+		NodeName: node, AutomountServiceAccountToken: ptr.To(false)}}
+	c := func(name string, n int) v1.Container {
+		c := v1.Container{Name: name, Image: "busybox"}
+		if n > 0 {
+			c.Resources.Limits = v1.ResourceList{res: *resource.NewQuantity(int64(n), resource.DecimalSI)}
+		}
+		return c
+	}
+	if init > 0 {
+		p.Spec.InitContainers = []v1.Container{c("init", init)}
+	}
+	for i, n := range containers {
+		p.Spec.Containers = append(p.Spec.Containers, c(fmt.Sprintf("c%d", i), n))
+	}
+	return p
+}
+
 // runDevicePod starts a node named name, serves the devices ids of res on it through
 // deviceplugin/server (alloc answers Allocate; preStart, if not nil, makes the PreStarter
 // for the node), waits until the Node advertises them, and runs pod p there, asking for one
 // device, until it is Running (waiting up to running).
 func runDevicePod(t *testing.T, name string, ids []string, alloc server.Allocator, preStart func(*kubeletnode.Node) server.PreStarter, running time.Duration) (*kubeletnode.Node, *v1.Pod) {
 	t.Helper()
-	ctx := context.Background()
 	node, client := kubeletnode.StartTestNode(t, name)
 	var devs []*pluginapi.Device
 	for _, id := range ids {
@@ -59,44 +164,13 @@ func runDevicePod(t *testing.T, name string, ids []string, alloc server.Allocato
 	if err != nil {
 		t.Fatal(err)
 	}
-	sctx, stop := context.WithCancel(ctx)
-	t.Cleanup(stop)
-	go func() { _ = srv.Run(sctx) }()
-	poll := func(what string, timeout time.Duration, cond func() (bool, string)) {
-		t.Helper()
-		var last string
-		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-			ok, s := cond()
-			last = s
-			return ok, nil
-		}); err != nil {
-			t.Fatalf("waiting for %s: %s", what, last)
-		}
-	}
-	poll("the node to advertise the devices", time.Minute, func() (bool, string) {
-		n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		q := n.Status.Allocatable[res]
-		return q.Value() == int64(len(ids)), q.String()
-	})
+	startPlugin(t, srv)
+	waitDevices(t, client, name, res, int64(len(ids)), int64(len(ids)))
 	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default"}, Spec: v1.PodSpec{
 		NodeName: name, AutomountServiceAccountToken: ptr.To(false),
 		Containers: []v1.Container{{Name: "main", Image: "busybox", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{res: resource.MustParse("1")}}}},
 	}}
-	created, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	poll("the pod Running", running, func() (bool, string) {
-		got, err := client.CoreV1().Pods("default").Get(ctx, "p", metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		return got.Status.Phase == v1.PodRunning, string(got.Status.Phase) + " " + got.Status.Message
-	})
-	return node, created
+	return node, runPod(t, client, p, running)
 }
 
 // dialPodResources connects to the node's PodResources socket for the test.
