@@ -3,67 +3,88 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/retry"
-	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
 )
 
+// StandInWrite says what the stand-in writes, for reports: the device plugin's one write
+// per GPU pod once its containers' devices exist.
+const StandInWrite = "one pod patch per GPU pod (merge patch with the resourceVersion it read): " +
+	"hami.io/bind-phase success and, on a MIG pod, every reservation's runtime identity " +
+	"(made-up MIG UUID and GI/CI ids: no instance is created)"
+
 // RealiseAsDevicePlugin does what the device plugin does once a bound GPU pod's devices
-// exist, without creating any: it sets hami.io/bind-phase success and releases the node's
-// hand-off Lease if the pod still holds it. It returns the writes it made; a pod that is
-// gone or a Lease already taken over is not an error.
+// exist, without creating any: one patch of the pod that completes each MIG reservation with
+// a runtime identity (a made-up MIG UUID and GI/CI ids) and sets hami.io/bind-phase
+// success. Like the device plugin it patches with the resourceVersion it read as a
+// precondition and, on a conflict, reads the pod again and recomputes. It returns the
+// writes it made (1, or 0 when the pod is gone, was replaced or the run is ending).
 func RealiseAsDevicePlugin(ctx context.Context, client kubernetes.Interface, p *v1.Pod) int {
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.BindPhaseAnnotation: api.BindPhaseSuccess}}})
-	if _, err := client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return 0 // the pod is gone, or the run is ending
+	pods := client.CoreV1().Pods(p.Namespace)
+	uid := p.UID
+	for attempt := 0; attempt < 5; attempt++ {
+		annotations := map[string]string{api.BindPhaseAnnotation: api.BindPhaseSuccess}
+		if raw, ok := p.Annotations[api.MigReservationsAnnotation]; ok {
+			recs, err := api.DecodeMigReservations(raw)
+			if err != nil {
+				return 0 // the device plugin would fail the pod; the stand-in leaves it
+			}
+			for i := range recs {
+				r := &recs[i]
+				if !r.Realized() {
+					r.SetRuntime(standInMigUUID(p.UID, r), uint32(r.Placement.Start), 0)
+				}
+			}
+			if annotations[api.MigReservationsAnnotation], err = api.EncodeMigReservations(recs); err != nil {
+				return 0
+			}
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": p.ResourceVersion, "annotations": annotations}})
+		_, err := pods.Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		if err == nil {
+			return 1
+		}
+		if !apierrors.IsConflict(err) {
+			return 0 // the pod is gone, or the run is ending
+		}
+		if p, err = pods.Get(ctx, p.Name, metav1.GetOptions{}); err != nil || p.UID != uid {
+			return 0
+		}
+		if p.Annotations[api.BindPhaseAnnotation] != api.BindPhaseAllocating {
+			return 0 // realised or failed by someone else meanwhile
+		}
 	}
-	return 1 + ReleaseHandoff(ctx, client, p)
+	return 0
 }
 
-// ReleaseHandoff clears the holder of the pod's node hand-off Lease if the pod holds it, as
-// the device plugin does after the pod's last container: the one write the throughput
-// benchmark's stand-in makes per GPU pod. It returns the writes it made.
-func ReleaseHandoff(ctx context.Context, client kubernetes.Interface, p *v1.Pod) int {
-	writes := 0
-	holder := api.HandoffHolder(p.Namespace, p.Name, string(p.UID))
-	leases := client.CoordinationV1().Leases(api.DefaultSystemNamespace)
-	_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		l, err := leases.Get(ctx, api.HandoffLeaseName(p.Spec.NodeName), metav1.GetOptions{})
-		if err != nil || ptr.Deref(l.Spec.HolderIdentity, "") != holder {
-			return nil // taken over already: nothing to release
-		}
-		l.Spec.HolderIdentity = nil
-		if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
-			return err
-		}
-		writes++
-		return nil
-	})
-	return writes
+// standInMigUUID is a made-up MIG UUID for the reservation r of pod uid: unique per pod,
+// container and device, and with the "MIG-" prefix a runtime identity must have.
+func standInMigUUID(uid types.UID, r *api.MigReservation) string {
+	return fmt.Sprintf("MIG-standin-%s-%d-%d", uid, r.ContainerIndex, r.DeviceIndex)
 }
 
 // StandIn plays the device plugin for one namespace's pods: each pod seen bound with
-// bind-phase allocating is realised once, by Realise (RealiseAsDevicePlugin or
-// ReleaseHandoff), in its own goroutine, at most Workers at a time (a device plugin runs per
-// node, so pods of different nodes are realised concurrently). It writes with the client
-// it was started with (cluster.UserDevicePlugin's, so the audit log attributes the writes
-// to it) and counts them.
+// bind-phase allocating is realised once, by RealiseAsDevicePlugin (StandInWrite), in its
+// own goroutine, at most workers at a time (a device plugin runs per node, so pods of
+// different nodes are realised concurrently). It writes with the client it was started
+// with (cluster.UserDevicePlugin's, so the audit log attributes the writes to it) and
+// counts them.
 type StandIn struct {
-	client  kubernetes.Interface
-	ns      string
-	realise func(context.Context, kubernetes.Interface, *v1.Pod) int
-	sem     chan struct{}
-	writes  atomic.Int64
+	client kubernetes.Interface
+	ns     string
+	sem    chan struct{}
+	writes atomic.Int64
 	// paused makes it ignore pods, as a device plugin that has not been called yet.
 	paused atomic.Bool
 
@@ -73,9 +94,8 @@ type StandIn struct {
 }
 
 // StartStandIn starts a stand-in; stop ends it and waits for the realisations under way.
-func StartStandIn(ctx context.Context, client kubernetes.Interface, ns string, workers int,
-	realise func(context.Context, kubernetes.Interface, *v1.Pod) int) (s *StandIn, stop func()) {
-	s = &StandIn{client: client, ns: ns, realise: realise, sem: make(chan struct{}, workers), done: map[types.UID]bool{}}
+func StartStandIn(ctx context.Context, client kubernetes.Interface, ns string, workers int) (s *StandIn, stop func()) {
+	s = &StandIn{client: client, ns: ns, sem: make(chan struct{}, workers), done: map[types.UID]bool{}}
 	ctx, cancel := context.WithCancel(ctx)
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns))
 	_, _ = factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -91,7 +111,7 @@ func StartStandIn(ctx context.Context, client kubernetes.Interface, ns string, w
 	}
 }
 
-// Writes is the number of writes the stand-in made.
+// Writes is the number of writes the stand-in made: one per GPU pod it realised.
 func (s *StandIn) Writes() int64 { return s.writes.Load() }
 
 // Pause makes the stand-in ignore pods until Resume.
@@ -131,6 +151,6 @@ func (s *StandIn) handle(ctx context.Context, obj any) {
 			return
 		}
 		defer func() { <-s.sem }()
-		s.writes.Add(int64(s.realise(ctx, s.client, p)))
+		s.writes.Add(int64(RealiseAsDevicePlugin(ctx, s.client, p)))
 	}()
 }

@@ -66,7 +66,7 @@ func newEnv(t *testing.T, prefix string) *env {
 		t.Fatal(err)
 	}
 	var stopStandIn func()
-	e.standIn, stopStandIn = cluster.StartStandIn(ctx, dp, e.ns, 16, cluster.RealiseAsDevicePlugin)
+	e.standIn, stopStandIn = cluster.StartStandIn(ctx, dp, e.ns, 16)
 	heartbeatsStopped := make(chan struct{})
 	go e.renewHeartbeats(ctx, heartbeatsStopped)
 	// Cleanups run last-registered first: schedulers (registered later) stop before this.
@@ -79,8 +79,9 @@ func newEnv(t *testing.T, prefix string) *env {
 	return e
 }
 
-// cleanup removes the test's pods, nodes and Leases, so the next test's scheduler sees none
-// of them. (The namespace stays: no namespace controller runs to finish its deletion.)
+// cleanup removes the test's pods, nodes and heartbeat Leases, so the next test's
+// scheduler sees none of them. (The namespace stays: no namespace controller runs to
+// finish its deletion.)
 func (e *env) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -94,10 +95,9 @@ func (e *env) cleanup() {
 		if err := e.admin.CoreV1().Nodes().Delete(ctx, n, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			e.t.Errorf("deleting node %s: %v", n, err)
 		}
-		for _, l := range []string{api.HandoffLeaseName(n), api.HeartbeatLeaseName(n)} {
-			if err := e.admin.CoordinationV1().Leases(api.DefaultSystemNamespace).Delete(ctx, l, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				e.t.Errorf("deleting Lease %s: %v", l, err)
-			}
+		l := api.HeartbeatLeaseName(n)
+		if err := e.admin.CoordinationV1().Leases(api.DefaultSystemNamespace).Delete(ctx, l, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			e.t.Errorf("deleting Lease %s: %v", l, err)
 		}
 	}
 }
@@ -233,7 +233,8 @@ func (e *env) waitFor(timeout time.Duration, what string, cond func() (bool, str
 	}
 }
 
-// waitRealised waits until the named pods are bound and the stand-in has realised them.
+// waitRealised waits until the named pods are bound and the stand-in has realised them
+// (bind-phase success, written with the runtime identity in its one patch).
 func (e *env) waitRealised(timeout time.Duration, names ...string) {
 	e.t.Helper()
 	e.waitFor(timeout, fmt.Sprintf("%d pods bound and realised", len(names)), func() (bool, string) {

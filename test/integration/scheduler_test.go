@@ -26,8 +26,9 @@ import (
 const a100 = "NVIDIA A100-PCIE-40GB"
 
 // HAMi's dynamic-MIG example (examples/gpu-pod1.yaml) through the whole control plane: a pod asking for two
-// 8000 MiB MIG devices on an empty A100-40GB gets two disjoint 2g.10gb instances, with two
-// scheduler writes (the hand-off Lease and the Binding).
+// 8000 MiB MIG devices on an empty A100-40GB gets two disjoint 2g.10gb instances, with one
+// scheduler write (the Binding, carrying the signed reservation) and one device-plugin write
+// (the stand-in's patch: the runtime identity and bind-phase success).
 func TestGPUPodEndToEnd(t *testing.T) {
 	e := newEnv(t, "e2e")
 	node := "e2e-node"
@@ -59,6 +60,10 @@ func TestGPUPodEndToEnd(t *testing.T) {
 		if r.Profile != "2g.10gb" || r.ContainerIndex != 0 {
 			t.Errorf("reservation %+v: want 2g.10gb for container 0", r)
 		}
+		// The stand-in wrote the runtime identity in the same patch as bind-phase success.
+		if !r.Realized() {
+			t.Errorf("reservation %+v: bind-phase success without the runtime identity", r)
+		}
 	}
 	if recs[0].DeviceIndex == recs[1].DeviceIndex {
 		t.Errorf("both reservations have device index %d", recs[0].DeviceIndex)
@@ -67,7 +72,8 @@ func TestGPUPodEndToEnd(t *testing.T) {
 	if got.Annotations[api.AssignedNodeAnnotation] != node || got.Annotations[api.BindTimeAnnotation] == "" {
 		t.Errorf("binding annotations: %v", got.Annotations)
 	}
-	// Signed by the key the scheduler published when it started.
+	// Signed by the key the scheduler published when it started; the signature still
+	// verifies with the runtime identity written back.
 	keys, err := e.admin.CoreV1().ConfigMaps(api.DefaultSystemNamespace).Get(e.ctx, api.PublicKeysConfigMapName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -86,22 +92,19 @@ func TestGPUPodEndToEnd(t *testing.T) {
 	// records every completed write (stage ResponseComplete) with its user. So the
 	// scheduler's writes are exactly the audit events of that user since it started: no
 	// subtraction of our own writes, no client-side counting. Events are writes too, but
-	// not writes to the pod or the hand-off: they are listed apart and not counted.
+	// not writes to the pod: they are listed apart and not counted.
 	var writes, events []string
 	e.waitFor(10*time.Second, "the scheduler's writes in the audit log", func() (bool, string) {
 		writes, events = schedulerWrites(t, since)
-		return len(writes) >= 2, strings.Join(writes, "; ")
+		return len(writes) >= 1, strings.Join(writes, "; ")
 	})
-	// The audit record is written as the response completes: give a third write (which
+	// The audit record is written as the response completes: give a second write (which
 	// must not exist) time to show up.
 	time.Sleep(time.Second)
 	writes, events = schedulerWrites(t, since)
-	wantWrites := []string{
-		"create leases " + api.DefaultSystemNamespace + "/" + api.HandoffLeaseName(node),
-		"create pods/binding " + e.ns + "/" + pod.Name,
-	}
+	wantWrites := []string{"create pods/binding " + e.ns + "/" + pod.Name}
 	if strings.Join(writes, "\n") != strings.Join(wantWrites, "\n") {
-		t.Errorf("scheduler writes for one GPU pod, counted at the API server (audit log, user %s; events excluded: they are not writes to the pod or its hand-off, %d seen: %v):\n got %d: %q\nwant 2 (the hand-off Lease and the Binding): %q",
+		t.Errorf("scheduler writes for one GPU pod, counted at the API server (audit log, user %s; events excluded: they are not writes to the pod, %d seen: %v):\n got %d: %q\nwant 1 (the Binding): %q",
 			cluster.UserScheduler, len(events), events, len(writes), writes, wantWrites)
 	}
 	// Cross-check with the API server's own request counter, which has no user label:
@@ -109,8 +112,8 @@ func TestGPUPodEndToEnd(t *testing.T) {
 	if d := bindingCreates(t) - bindingsBefore; d != 1 {
 		t.Errorf("apiserver_request_total{verb=POST,resource=pods,subresource=binding} grew by %d, want 1", d)
 	}
-	if n := e.standIn.Writes(); n != 2 {
-		t.Errorf("stand-in device plugin writes: %d, want 2 (bind-phase and Lease release)", n)
+	if n := e.standIn.Writes(); n != 1 {
+		t.Errorf("stand-in device plugin writes: %d, want 1 (the runtime identity and bind-phase success in one patch)", n)
 	}
 }
 
@@ -169,9 +172,10 @@ func bindingCreates(t *testing.T) int {
 	return n
 }
 
-// A new scheduler learns the occupancy from the pods' reservation annotations: after a
-// restart it places new pods only on free placements, waits for a hand-off the old one
-// left in flight, and refuses once the GPUs are full.
+// A new scheduler learns the occupancy from the pods' reservation annotations, realised or
+// not: after a restart it places new pods only on free placements (none overlapping the
+// reservations the old one wrote, those of a pod still being realised included), binds
+// them without waiting for that pod's realisation, and refuses once the GPUs are full.
 func TestSchedulerRestartNoDoubleBooking(t *testing.T) {
 	e := newEnv(t, "restart")
 	const node = "restart-node"
@@ -185,8 +189,8 @@ func TestSchedulerRestartNoDoubleBooking(t *testing.T) {
 		e.create(p)
 	}
 	e.waitRealised(60*time.Second, first...)
-	// One more pod is bound but not yet realised when the scheduler stops: it holds the
-	// node's hand-off Lease and is still allocating.
+	// One more pod is bound but not yet realised when the scheduler stops: its reservation
+	// is on the pod, bind-phase allocating.
 	e.standIn.Pause()
 	e.create(e.gpuPod("inflight", api.ModeMIG, [2]int{1, 8000}))
 	e.waitFor(60*time.Second, "inflight bound", func() (bool, string) {
@@ -201,28 +205,36 @@ func TestSchedulerRestartNoDoubleBooking(t *testing.T) {
 		second = append(second, p.Name)
 		e.create(p)
 	}
-	// The new scheduler must wait for the hand-off of inflight: nothing else is bound on
-	// the node while inflight is being realised.
-	time.Sleep(3 * time.Second)
-	for _, n := range second {
-		if p := e.pod(n); p.Spec.NodeName != "" {
-			t.Errorf("%s was bound to %s while inflight still held the hand-off Lease", n, p.Spec.NodeName)
+	// Nothing waits for inflight's realisation: the new pods are bound while it is still
+	// allocating, on placements free of every reservation, its own included.
+	e.waitFor(60*time.Second, "the new pods bound while inflight is allocating", func() (bool, string) {
+		var missing []string
+		for _, n := range second {
+			if p := e.pod(n); p.Spec.NodeName == "" {
+				missing = append(missing, fmt.Sprintf("%s(%s)", n, scheduledMessage(p)))
+			}
 		}
+		return len(missing) == 0, "not bound: " + strings.Join(missing, ", ")
+	})
+	if p := e.pod("inflight"); p.Annotations[api.BindPhaseAnnotation] != api.BindPhaseAllocating {
+		t.Errorf("inflight: bind-phase %q while the stand-in is paused, want %q", p.Annotations[api.BindPhaseAnnotation], api.BindPhaseAllocating)
+	}
+	if bound := checkPlacements(t, e.pods()); bound != 6 {
+		t.Errorf("bound pods: %d, want 6", bound)
 	}
 	if err := e.standIn.Resume(e.ctx); err != nil {
 		t.Fatal(err)
 	}
 	e.waitRealised(60*time.Second, append(second, "inflight")...)
-	if bound := checkPlacements(t, e.pods()); bound != 6 {
-		t.Errorf("bound pods: %d, want 6", bound)
-	}
 	// The node is full for 2g.10gb: a seventh pod must stay Pending.
 	e.create(e.gpuPod("one-too-many", api.ModeMIG, [2]int{1, 8000}))
 	msg := e.waitPending("one-too-many")
 	if !hasDynamicMIGReason(msg) {
 		t.Errorf("one-too-many is Pending with %q, which names no DynamicMIG reason", msg)
 	}
-	checkPlacements(t, e.pods())
+	if bound := checkPlacements(t, e.pods()); bound != 6 {
+		t.Errorf("bound pods: %d, want 6", bound)
+	}
 }
 
 // waitPending waits until the scheduler has marked the pod unschedulable and returns the

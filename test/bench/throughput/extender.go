@@ -3,7 +3,6 @@ package throughput
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -12,9 +11,7 @@ import (
 	"sync"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
@@ -22,7 +19,6 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
-	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
@@ -35,10 +31,10 @@ import (
 // the candidate node names and bind for the chosen node, over HTTP with JSON. filter fits
 // the pod on every candidate (placement.Fit over the node's inventory and the reservations
 // of its pods and of the pods it placed but has not seen bound), keeps the best node by the
-// plugin's GPU score (hand-off-busy nodes last) and remembers the fit; bind takes the node's
-// hand-off Lease and creates the Binding with the reservation, as the plugin's Bind does.
-// Its writes are made as the scheduler's user, so they count as the scheduler's. It is a
-// benchmark baseline, not a product: it has no preemption, no heartbeat check, no events.
+// plugin's GPU score and remembers the fit; bind creates the Binding with the reservation,
+// the one write the plugin's Bind makes. Its writes are made as the scheduler's user, so
+// they count as the scheduler's. It is a benchmark baseline, not a product: it has no
+// preemption, no heartbeat check, no events, and does not sign the reservation.
 type extender struct {
 	client   kubernetes.Interface
 	nodes    corelisters.NodeLister
@@ -49,7 +45,6 @@ type extender struct {
 
 	mu      sync.Mutex
 	pending map[types.UID]pendingFit
-	perNode map[string]int
 	decoded map[string][]api.GPU // inventory annotation → GPUs
 }
 
@@ -73,7 +68,7 @@ func startExtender(ctx context.Context, client kubernetes.Interface) (*extender,
 		return nil, err
 	}
 	e := &extender{client: client, nodes: factory.Core().V1().Nodes().Lister(), pods: podInformer.GetIndexer(),
-		pending: map[types.UID]pendingFit{}, perNode: map[string]int{}, decoded: map[string][]api.GPU{}}
+		pending: map[types.UID]pendingFit{}, decoded: map[string][]api.GPU{}}
 	defaults := &config.DynamicMIGArgs{}
 	defaults.SetDefaults()
 	e.names = defaults.ResourceNames
@@ -116,12 +111,7 @@ func (e *extender) URL() string { return "http://" + e.listener.Addr().String() 
 func (e *extender) forget(uid types.UID) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if f, ok := e.pending[uid]; ok {
-		delete(e.pending, uid)
-		if e.perNode[f.node]--; e.perNode[f.node] <= 0 {
-			delete(e.perNode, f.node)
-		}
-	}
+	delete(e.pending, uid)
 }
 
 func (e *extender) handleFilter(w http.ResponseWriter, r *http.Request) {
@@ -158,9 +148,6 @@ func (e *extender) filter(pod *v1.Pod, nodeNames []string) extenderv1.ExtenderFi
 			continue
 		}
 		score := int64(math.Round(1000*placement.NodeUtilisation(gpus, fit))) - int64(10*fit.Cost)
-		if e.busy(name) {
-			score -= 1200
-		}
 		if score > bestScore {
 			best, bestScore, bestResult = name, score, fit
 		}
@@ -169,21 +156,10 @@ func (e *extender) filter(pod *v1.Pod, nodeNames []string) extenderv1.ExtenderFi
 		return res
 	}
 	e.mu.Lock()
-	if old, ok := e.pending[pod.UID]; ok {
-		e.perNode[old.node]--
-	}
 	e.pending[pod.UID] = pendingFit{node: best, result: bestResult}
-	e.perNode[best]++
 	e.mu.Unlock()
 	res.NodeNames = &[]string{best}
 	return res
-}
-
-// busy reports a hand-off in progress on the node: a fit not yet seen bound.
-func (e *extender) busy(node string) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.perNode[node] > 0
 }
 
 // nodeGPUs is the node's inventory with the reservations of its bound pods and of the
@@ -244,8 +220,7 @@ func (e *extender) handleBind(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(&res)
 }
 
-// bind takes the node's hand-off Lease (waiting while another pod holds it) and creates
-// the Binding with the reservation: the plugin's two writes.
+// bind creates the Binding with the reservation: the plugin's one write.
 func (e *extender) bind(ctx context.Context, args extenderv1.ExtenderBindingArgs) error {
 	e.mu.Lock()
 	f, ok := e.pending[args.PodUID]
@@ -257,10 +232,6 @@ func (e *extender) bind(ctx context.Context, args extenderv1.ExtenderBindingArgs
 	if err != nil {
 		return err
 	}
-	holder := api.HandoffHolder(args.PodNamespace, args.PodName, string(args.PodUID))
-	if err := e.takeLease(ctx, args.Node, holder); err != nil {
-		return err
-	}
 	return e.client.CoreV1().Pods(args.PodNamespace).Bind(ctx, &v1.Binding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: args.PodNamespace, Name: args.PodName, UID: args.PodUID, Annotations: map[string]string{
 			api.MigReservationsAnnotation: raw,
@@ -270,46 +241,4 @@ func (e *extender) bind(ctx context.Context, args extenderv1.ExtenderBindingArgs
 		}},
 		Target: v1.ObjectReference{Kind: "Node", Name: args.Node},
 	}, metav1.CreateOptions{})
-}
-
-// takeLease writes the node's hand-off Lease for holder once no other pod holds it (the
-// stand-in device plugin releases it as soon as its pod is bound).
-func (e *extender) takeLease(ctx context.Context, node, holder string) error {
-	leases := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace)
-	name := api.HandoffLeaseName(node)
-	deadline := time.Now().Add(2 * time.Minute)
-	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
-		now := metav1.NewMicroTime(time.Now())
-		l, err := leases.Get(ctx, name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: api.DefaultSystemNamespace}}
-			fillLease(l, holder, now)
-			if _, err = leases.Create(ctx, l, metav1.CreateOptions{}); err == nil {
-				return nil
-			}
-		case err != nil:
-		case ptr.Deref(l.Spec.HolderIdentity, "") == "" || *l.Spec.HolderIdentity == holder:
-			fillLease(l, holder, now)
-			if _, err = leases.Update(ctx, l, metav1.UpdateOptions{}); err == nil {
-				return nil
-			}
-		default:
-			err = errors.New("held by " + *l.Spec.HolderIdentity)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("hand-off Lease %s: %v", name, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-	}
-}
-
-func fillLease(l *coordinationv1.Lease, holder string, now metav1.MicroTime) {
-	l.Spec.HolderIdentity = ptr.To(holder)
-	l.Spec.LeaseDurationSeconds = ptr.To[int32](60)
-	l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
 }

@@ -56,18 +56,20 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		"(c) DynamicMIG, CPU pods. (d), a reference: (a) with kube-scheduler's OpportunisticBatching feature off — DynamicMIG's SignPod keeps GPU pods out of batching "+
 		"(each one changes the occupancy the next one sees), so (b)'s pods get a full filter and score pass over the nodes, which (a)'s batched CPU pods mostly skip; "+
 		"(b)/(d) is the ratio without that difference. (e), when run: (a)'s plugins plus the same allocator behind a kube-scheduler HTTP extender "+
-		"(filter over the candidate node names, bind with the hand-off Lease and the Binding; the extender's writes are made as the scheduler's user), "+
-		"HAMi's architecture, GPU pods: (b)/(e) is what the in-process design gains over it. The extender keeps the plugin's two writes per pod; "+
+		"(filter over the candidate node names, bind with the Binding carrying the reservation; the extender's writes are made as the scheduler's user), "+
+		"HAMi's architecture, GPU pods: (b)/(e) is what the in-process design gains over it. The extender keeps the plugin's one write per pod; "+
 		"HAMi v2.10 itself makes more (it patches the pod in filter and locks the node with a Node write).\n")
 	fmt.Fprintf(w, "- Order at each size and QPS: %s. (b) runs last because whatever runs after it is slower, whichever plugins it runs: "+
 		"measured at 1000 nodes and QPS 5000 in the order a, b, c, (c) reached 0.85 of (a), and in the order c, a, b (c) reached 1.01 of (a). "+
 		"Between scenarios the pods and events are deleted, etcd is compacted and the Go heap collected.\n", orderList(r.Config))
-	fmt.Fprintf(w, "- The stand-in device plugin (user `%s`, its writes counted apart) releases the node's hand-off Lease "+
-		"(clears its holder) as soon as a GPU pod holding it is bound, as the device plugin does after the pod's last container.\n", cluster.UserDevicePlugin)
+	fmt.Fprintf(w, "- The stand-in device plugin (`test/cluster.StandIn`, user `%s`, its writes counted apart) makes, as soon as a GPU pod is bound, "+
+		"the device plugin's one write for it once its containers' devices exist: %s. CPU pods get none. "+
+		"There is no hand-off Lease: the scheduler's Bind is the Binding alone.\n", cluster.UserDevicePlugin, cluster.StandInWrite)
 	fmt.Fprintf(w, "- Client QPS: the scheduler's `clientConnection` qps/burst patched in the config copy: %s.\n\n", qpsList(r.Config.QPS))
 	fmt.Fprintf(w, "Measures: **pods/s** = pods ÷ (last pod seen bound by a watch − first create request); "+
 		"**latency** = from a pod's create request to its binding seen by the watch; "+
-		"**writes/pod** = the scheduler's writes (audit log at the API server, user `%s`, successful writes only, events excluded and listed apart) ÷ pods bound; **refused write attempts** = the scheduler's writes the server answered with an error (409 conflicts and AlreadyExists on the hand-off Lease while pods wait for it), not in writes/pod; "+
+		"**writes/pod** = the scheduler's writes (audit log at the API server, user `%s`, successful writes only, events excluded and listed apart) ÷ pods bound; **refused write attempts** = the scheduler's writes the server answered with an error (a Binding whose request failed under load, though it may have been applied), not in writes/pod; "+
+		"**stand-in writes** = the stand-in device plugin's successful writes; "+
 		"**peak RSS** = VmHWM of /proc/self/status of the whole process (etcd, API server, scheduler and harness together), "+
 		"reset before each scenario's pods are created (`echo 5 > /proc/self/clear_refs`)%s. klog verbosity 0, logs to a file.\n\n",
 		cluster.UserScheduler, rssNote(r))

@@ -1,8 +1,8 @@
 // Package throughput measures dynamig-scheduler's scheduling throughput: the real
 // scheduler (test/cluster.StartScheduler) against the in-process etcd and kube-apiserver,
 // with plain Node objects carrying the inventory of 8 simulated A100-40GB GPUs each, fresh
-// heartbeat Leases, and a stand-in device plugin that releases each bound GPU pod's hand-off
-// Lease at once.
+// heartbeat Leases, and a stand-in device plugin that makes the device plugin's one write per
+// GPU pod (cluster.StandInWrite) as soon as the pod is bound.
 //
 // Scenarios per node count and client QPS (Scenarios): (a) default plugins only, CPU pods;
 // (b) DynamicMIG (the shipped configuration), GPU pods on the MIG nodes; (c) DynamicMIG,
@@ -135,10 +135,11 @@ type Result struct {
 	WritesTotal int
 	Events      int
 	// Refused are the scheduler's write attempts the API server answered with an error
-	// (conflicts on the hand-off Lease, mostly), by "verb resource code"; not in Writes.
+	// (a Binding whose request failed, under load), by "verb resource code"; not in Writes.
 	Refused      map[string]int
 	RefusedTotal int
-	// StandInWrites are the stand-in device plugin's writes (hand-off Lease releases).
+	// StandInWrites are the stand-in device plugin's writes (cluster.StandInWrite: one pod
+	// patch per GPU pod).
 	StandInWrites int64
 	// PeakRSSKiB is the process's VmHWM during the scenario (reset before it via
 	// /proc/self/clear_refs when the kernel allows; ResetRSS says whether it did).
@@ -281,8 +282,9 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
-	// The stand-in device plugin releases each GPU pod's hand-off Lease once it is bound.
-	standIn, stopStandIn := cluster.StartStandIn(ctx, dp, ns, 16, cluster.ReleaseHandoff)
+	// The stand-in device plugin makes the device plugin's one write for each GPU pod once
+	// it is bound: a pod patch with the runtime identity and bind-phase success.
+	standIn, stopStandIn := cluster.StartStandIn(ctx, dp, ns, 16)
 	defer stopStandIn()
 
 	// The watch that sees pods bound.

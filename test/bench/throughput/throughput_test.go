@@ -7,10 +7,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dynamig/dynamig/test/cluster"
 )
 
-// A tiny run of all three scenarios: every pod is bound, and each GPU pod costs exactly two
-// scheduler writes at the API server (its node's hand-off Lease and its Binding).
+// A tiny run of every scenario: every pod is bound, each pod costs exactly one scheduler
+// write at the API server (its Binding, which for a GPU pod carries the reservation), and
+// the stand-in device plugin makes one write per GPU pod and none for CPU pods.
 func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane")
@@ -49,19 +52,22 @@ func TestSmoke(t *testing.T) {
 		if r.PodsPerSec <= 0 || r.P50 <= 0 || r.P99 < r.P50 || r.PeakRSSKiB <= 0 {
 			t.Errorf("(%s): implausible figures %+v", r.Scenario.Key, r)
 		}
-		if r.Scenario.GPU {
-			if bindings(r) != pods || r.WritesTotal-r.Writes[binding] != pods {
-				t.Errorf("(%s): scheduler writes %v (total %d, refused %v), want %d: one Binding and one hand-off Lease write per GPU pod",
-					r.Scenario.Key, r.Writes, r.WritesTotal, r.Refused, 2*pods)
-			}
-			// One Lease release per pod: the next pod's Bind cannot take over the Lease of a
-			// holder that is neither realised nor gone.
-			if r.StandInWrites != pods {
-				t.Errorf("(%s): stand-in writes %d, want %d (one Lease release per GPU pod)", r.Scenario.Key, r.StandInWrites, pods)
-			}
-		} else if bindings(r) != pods || r.WritesTotal != r.Writes[binding] {
-			t.Errorf("(%s): scheduler writes %v (refused %v), want one Binding per pod", r.Scenario.Key, r.Writes, r.Refused)
+		if bindings(r) != pods || r.WritesTotal != r.Writes[binding] {
+			t.Errorf("(%s): scheduler writes %v (total %d, refused %v), want %d: one Binding per pod and nothing else",
+				r.Scenario.Key, r.Writes, r.WritesTotal, r.Refused, pods)
 		}
+		want := int64(0)
+		if r.Scenario.GPU {
+			want = pods // the device plugin's one patch per GPU pod
+		}
+		if r.StandInWrites != want {
+			t.Errorf("(%s): stand-in writes %d, want %d (one pod patch per GPU pod)", r.Scenario.Key, r.StandInWrites, want)
+		}
+	}
+	var md strings.Builder
+	rep.WriteMarkdown(&md, Machine{})
+	if !strings.Contains(md.String(), cluster.StandInWrite) {
+		t.Errorf("the report does not say what the stand-in wrote:\n%s", md.String())
 	}
 }
 
