@@ -35,9 +35,17 @@ func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 			{verb: "create", resource: "events", namespace: "team-a", allowed: true},
 			{verb: "get", resource: "configmaps", namespace: "kube-system", name: "extension-apiserver-authentication", allowed: true},
 			{verb: "create", group: "authentication.k8s.io", resource: "tokenreviews", allowed: true},
+			// The heartbeat Leases it follows, and its own leader-election Lease; no hand-off
+			// Lease any more.
+			{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: sys, name: api.HeartbeatLeaseName("n1"), allowed: true},
+			{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
 			{verb: "watch", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
-			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
-			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
+			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true}, // system:kube-scheduler: any Lease
+			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: sys, name: "dynamig-scheduler", allowed: true},
+			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: sys, name: "dynamig-handoff-n1"},
+			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: sys, name: api.HeartbeatLeaseName("n1")},
+			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: sys},
+			{verb: "delete", group: "coordination.k8s.io", resource: "leases", namespace: sys, name: "dynamig-scheduler"},
 			{verb: "patch", resource: "nodes"},
 			{verb: "list", resource: "secrets", namespace: sys},
 			{verb: "get", resource: "secrets", namespace: signingNS, name: api.SigningKeySecretName, allowed: true},
@@ -59,6 +67,13 @@ func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 			{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
 			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
 			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
+			// It evicts a pod whose reservation can never be realised, and says why in events.
+			{verb: "create", resource: "pods", subresource: "eviction", namespace: "team-a", allowed: true},
+			{verb: "create", resource: "events", namespace: "team-a", allowed: true},
+			{verb: "patch", resource: "events", namespace: "team-a", allowed: true},
+			{verb: "create", group: "events.k8s.io", resource: "events", namespace: "team-a", allowed: true},
+			{verb: "patch", group: "events.k8s.io", resource: "events", namespace: "team-a", allowed: true},
+			{verb: "delete", resource: "events", namespace: "team-a"},
 			{verb: "create", resource: "pods", subresource: "binding", namespace: "team-a"},
 			{verb: "create", resource: "pods", namespace: "team-a"},
 			{verb: "delete", resource: "pods", namespace: "team-a"},
@@ -66,6 +81,8 @@ func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 			{verb: "delete", group: "coordination.k8s.io", resource: "leases", namespace: sys},
 			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"},
 			{verb: "list", resource: "secrets", namespace: sys},
+			{verb: "get", resource: "secrets", namespace: sys, name: "dynamig-webhook-cert"},
+			{verb: "get", resource: "secrets", namespace: "team-a", name: "any"},
 			{verb: "get", resource: "configmaps", namespace: sys, name: api.PublicKeysConfigMapName, allowed: true},
 			{verb: "list", resource: "configmaps", namespace: sys, name: api.PublicKeysConfigMapName, allowed: true},
 			{verb: "watch", resource: "configmaps", namespace: sys, name: api.PublicKeysConfigMapName, allowed: true},
@@ -104,7 +121,7 @@ func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 				t.Fatal(err)
 			}
 			if got.Status.Allowed != c.allowed {
-				t.Errorf("%s: %s %s/%s %s in %q: allowed %v, want %v (%s)", user, c.verb, c.resource, c.subresource, c.group, c.namespace,
+				t.Errorf("%s: %s %s/%s %s in %q name %q: allowed %v, want %v (%s)", user, c.verb, c.resource, c.subresource, c.group, c.namespace, c.name,
 					got.Status.Allowed, c.allowed, got.Status.Reason)
 			}
 		}
