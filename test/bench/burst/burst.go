@@ -1,8 +1,11 @@
 // Package burst measures a burst of GPU pods to one node: how long from the device plugin's
 // first GPU-instance create to the last pod Running, on the whole sandbox (the real
-// kube-apiserver, dynamig-scheduler and device plugin, simulated NVML whose creates take
-// Config.CreateLatency each and take turns per GPU). It is the figure the hand-off design
-// is judged by: with the hand-off Lease, one node realises one GPU pod at a time.
+// kube-apiserver, dynamig-scheduler, device plugin and kubelet, simulated NVML whose creates
+// take Config.CreateLatency each and take turns per GPU). It is the figure the hand-off
+// design is judged by: with the hand-off Lease (LeaseBaseline, the "before" figure) one node
+// realised one GPU pod at a time; without it the device plugin realises each container at
+// PreStartContainer, finding it through the kubelet's PodResources API, and only creates on
+// the same GPU take turns.
 package burst
 
 import (

@@ -40,3 +40,27 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("report:\n%s", md)
 	}
 }
+
+// The report cites the hand-off Lease design's figure as the "before" of the same burst, and
+// only of the same burst.
+func TestReportCitesBaseline(t *testing.T) {
+	cfg := LeaseBaseline.Config
+	cfg.SchedulerConfig = "manifests/scheduler-config.yaml"
+	first := time.Unix(1000, 0)
+	res := &Result{Config: cfg, FirstCreate: first, Profiles: map[string]int{"1g.5gb": cfg.Pods}}
+	for i := range cfg.Pods {
+		res.Running = append(res.Running, first.Add(time.Duration(i+1)*200*time.Millisecond))
+	}
+	res.Elapsed = res.Running[len(res.Running)-1].Sub(first)
+	md := string(Report([]*Result{res}, "go test", "a machine", first))
+	for _, want := range []string{"| " + Design + " | 1 | 56 | 56 × 1g.5gb | 11.2 s |", "Mean **11.2 s**",
+		"Before: " + LeaseBaseline.Design + ", the same burst, mean **106.1 s** over 3 runs", LeaseBaseline.Source, "0.11 × the time, 94.9 s less"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	res.Config.Pods = 4
+	if md := string(Report([]*Result{res}, "go test", "a machine", first)); !strings.Contains(md, "for a different burst") || strings.Contains(md, "× the time") {
+		t.Errorf("a different burst compared with the baseline:\n%s", md)
+	}
+}
