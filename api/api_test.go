@@ -240,7 +240,7 @@ func TestValidateAgainstInventory(t *testing.T) {
 }
 
 func TestLeaseNames(t *testing.T) {
-	if HandoffLeaseName("n1") != "dynamig-handoff-n1" || HeartbeatLeaseName("n1") != "dynamig-heartbeat-n1" {
+	if HeartbeatLeaseName("n1") != "dynamig-heartbeat-n1" {
 		t.Error("lease names")
 	}
 }
@@ -295,26 +295,4 @@ func FuzzDecodeMigReservations(f *testing.F) {
 			t.Fatalf("re-decode: %v", err)
 		}
 	})
-}
-
-func TestHandoffHolder(t *testing.T) {
-	h := HandoffHolder("default", "gpu-pod1", "uid-1")
-	if h != "default/gpu-pod1/uid-1" {
-		t.Fatalf("holder %q", h)
-	}
-	for _, tc := range []struct {
-		in            string
-		ns, name, uid string
-		ok            bool
-	}{
-		{h, "default", "gpu-pod1", "uid-1", true},
-		{"node-1", "", "", "", false},
-		{"default/gpu-pod1", "", "", "", false},
-		{"a/b/c/d", "a", "b", "c/d", true},
-	} {
-		ns, name, uid, ok := ParseHandoffHolder(tc.in)
-		if ns != tc.ns || name != tc.name || uid != tc.uid || ok != tc.ok {
-			t.Errorf("ParseHandoffHolder(%q) = %q %q %q %v", tc.in, ns, name, uid, ok)
-		}
-	}
 }

@@ -1,7 +1,5 @@
 package api
 
-import "strings"
-
 // Resource names, as HAMi's chart names them. The device config can rename them; these are
 // the defaults.
 const (
@@ -67,30 +65,11 @@ const (
 // name (the webhook sets it on those that name none).
 const DefaultSchedulerName = "dynamig-scheduler"
 
-// Hand-off and heartbeat Leases.
+// The system namespace and the device plugins' heartbeat Leases.
 const (
 	DefaultSystemNamespace = "dynamig-system"
-	HandoffLeasePrefix     = "dynamig-handoff-"
 	HeartbeatLeasePrefix   = "dynamig-heartbeat-"
 )
-
-// HandoffLeaseName is the name of the node's hand-off Lease.
-func HandoffLeaseName(node string) string { return HandoffLeasePrefix + node }
-
-// HandoffHolder is the hand-off Lease's holderIdentity for a pod: <namespace>/<name>/<uid>.
-func HandoffHolder(namespace, name, uid string) string {
-	return namespace + "/" + name + "/" + uid
-}
-
-// ParseHandoffHolder splits a holderIdentity written by HandoffHolder; ok is false for any
-// other holder.
-func ParseHandoffHolder(holder string) (namespace, name, uid string, ok bool) {
-	parts := strings.SplitN(holder, "/", 3)
-	if len(parts) != 3 {
-		return "", "", "", false
-	}
-	return parts[0], parts[1], parts[2], true
-}
 
 // HeartbeatLeaseName is the name of the node's device-plugin heartbeat Lease.
 func HeartbeatLeaseName(node string) string { return HeartbeatLeasePrefix + node }
