@@ -1,8 +1,11 @@
-// Package allocate realises the scheduler's MIG reservations when kubelet calls Allocate:
-// it works out whose call it is through the node's hand-off Lease, checks the reservation,
-// creates each GI and CI at exactly the reserved placement (recording intent and result in
-// the checkpoint), writes the runtime identity back to the pod, and releases the Lease after
-// the pod's last GPU container. It also reclaims the instances of pods that ended.
+// Package allocate realises the scheduler's reservations through the kubelet's device
+// hand-off. Allocate creates nothing: it answers each device ID with its CDI device name.
+// PreStartContainer, which the kubelet calls before every start of a container holding
+// those IDs, asks the kubelet's PodResources API which pod and container hold them, reads
+// that pod's signed reservation, realises it (adopts the instance that exists, or creates
+// the GI and CI at exactly the reserved placement, recording intent and result in the
+// checkpoint), writes the CDI specs the runtime resolves the names against, and writes the
+// runtime identity back to the pod. It also reclaims the instances of pods that ended.
 package allocate
 
 import (
@@ -13,42 +16,59 @@ import (
 	"strings"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	specs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/deviceplugin/cdi"
 	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
 	"github.com/dynamig/dynamig/deviceplugin/instances"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
+	"github.com/dynamig/dynamig/deviceplugin/podresources"
 	"github.com/dynamig/dynamig/signing"
 )
 
+// OwnerFinder says which container holds a set of device IDs (the kubelet's PodResources).
+type OwnerFinder interface {
+	Find(ctx context.Context, resource string, deviceIDs []string) (podresources.Owner, error)
+}
+
 // Options configure an Allocator.
 type Options struct {
-	NodeName       string
-	Client         kubernetes.Interface
-	Names          config.ResourceNames
-	LeaseNamespace string
-	Instances      *instances.Manager
-	Checkpoint     *checkpoint.Checkpoint
+	NodeName   string
+	Client     kubernetes.Interface
+	Names      config.ResourceNames
+	Instances  *instances.Manager
+	Checkpoint *checkpoint.Checkpoint
 	// Verifier checks each reservation's signature before anything is created.
 	Verifier *signing.Verifier
-	// PreemptionWait bounds how long Allocate waits for an instance of a pod being deleted
-	// to go from the reserved placement (default 60 s).
+	// Owners finds the container of a PreStartContainer call.
+	Owners OwnerFinder
+	// Specs writes the CDI specs of the device IDs.
+	Specs *cdi.Specs
+	// Pods, if set, is an informer's view of this node's pods, read before the API server.
+	Pods corelisters.PodLister
+	// Recorder, if set, receives the Warning events of reservations that cannot be realised.
+	Recorder record.EventRecorder
+	// PreemptionWait bounds how long PreStartContainer waits, within the kubelet's deadline,
+	// for an instance of a pod being deleted to go from the reserved placement before it
+	// says so and lets the kubelet retry (default 10 s).
 	PreemptionWait time.Duration
-	// Poll is how often it looks again while waiting (default 500 ms).
+	// Poll is how often it looks again while waiting (default 250 ms).
 	Poll time.Duration
 	// HAMiCore configures shared (hami-core) GPUs.
 	HAMiCore HAMiCoreOptions
 }
 
-// Allocator serves kubelet's Allocate calls for MIG GPUs.
+// Allocator serves kubelet's Allocate and PreStartContainer calls.
 type Allocator struct {
 	opts Options
 }
@@ -58,164 +78,192 @@ func New(opts Options) (*Allocator, error) {
 	switch {
 	case opts.NodeName == "":
 		return nil, errors.New("allocate: NodeName is required")
-	case opts.Client == nil || opts.Instances == nil || opts.Checkpoint == nil || opts.Verifier == nil:
-		return nil, errors.New("allocate: Client, Instances, Checkpoint and Verifier are required")
-	}
-	if opts.LeaseNamespace == "" {
-		opts.LeaseNamespace = api.DefaultSystemNamespace
+	case opts.Client == nil || opts.Instances == nil || opts.Checkpoint == nil || opts.Verifier == nil || opts.Owners == nil || opts.Specs == nil:
+		return nil, errors.New("allocate: Client, Instances, Checkpoint, Verifier, Owners and Specs are required")
 	}
 	if opts.Names.ResourceCountName == "" {
 		opts.Names = config.DefaultResourceNames()
 	}
 	if opts.PreemptionWait == 0 {
-		opts.PreemptionWait = 60 * time.Second
+		opts.PreemptionWait = 10 * time.Second
 	}
 	if opts.Poll == 0 {
-		opts.Poll = 500 * time.Millisecond
+		opts.Poll = 250 * time.Millisecond
 	}
 	return &Allocator{opts: opts}, nil
 }
 
-// Failure reasons of Allocate, the label of its error metric.
+// Failure reasons of PreStartContainer, the label of its error metric.
 const (
 	reasonAttribution = "attribution" // whose call it is cannot be told
 	reasonTampered    = "tampered"
 	reasonCreate      = "create"
+	reasonBusy        = "busy" // the placement is held by an instance that is going away
 	reasonWriteBack   = "write_back"
+	reasonSpec        = "cdi_spec"
 )
 
-// reasonError carries a metric reason with an error.
-type reasonError struct {
+// failure is an error with its metric reason; final ones can never be realised on this node.
+type failure struct {
 	reason string
+	final  bool
 	err    error
 }
 
-func (e *reasonError) Error() string { return e.err.Error() }
-func (e *reasonError) Unwrap() error { return e.err }
+func (e *failure) Error() string { return e.err.Error() }
+func (e *failure) Unwrap() error { return e.err }
 
-func because(reason string, err error) error { return &reasonError{reason: reason, err: err} }
+// because marks an error the kubelet's retry may get past.
+func because(reason string, err error) error { return &failure{reason: reason, err: err} }
 
-// Allocate realises the reservations of the hand-off holder's next GPU container.
-func (a *Allocator) Allocate(ctx context.Context, req *pluginapi.ContainerAllocateRequest) (*pluginapi.ContainerAllocateResponse, error) {
+// never marks an error no retry gets past: the pod is failed and evicted.
+func never(reason string, err error) error { return &failure{reason: reason, final: true, err: err} }
+
+// Allocate answers each device ID with its CDI device name and creates nothing: the
+// container's devices are realised at PreStartContainer, when the kubelet can say whose
+// they are.
+func (a *Allocator) Allocate(_ context.Context, req *pluginapi.ContainerAllocateRequest) (*pluginapi.ContainerAllocateResponse, error) {
+	resp := &pluginapi.ContainerAllocateResponse{}
+	for _, id := range req.GetDevicesIds() {
+		resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: cdi.QualifiedName(a.opts.NodeName, id)})
+	}
+	return resp, nil
+}
+
+// PreStartContainer realises the reservation of the container that holds deviceIDs and
+// writes their CDI specs. An error keeps the kubelet from creating the container; it
+// retries with backoff. A reservation that can never be realised here also fails the pod's
+// bind phase, says why in a Warning event and evicts the pod, so its controller recreates it
+// and the scheduler places it elsewhere.
+func (a *Allocator) PreStartContainer(ctx context.Context, deviceIDs []string) error {
 	start := time.Now()
-	resp, err := a.allocate(ctx, req)
+	pod, err := a.preStart(ctx, deviceIDs)
 	reason := ""
 	if err != nil {
 		reason = "other"
-		var re *reasonError
-		if errors.As(err, &re) {
-			reason = re.reason
-		}
-	}
-	metrics.ObserveAllocate(start, reason)
-	return resp, err
-}
-
-func (a *Allocator) allocate(ctx context.Context, req *pluginapi.ContainerAllocateRequest) (*pluginapi.ContainerAllocateResponse, error) {
-	lease, holder, err := a.holder(ctx)
-	if err != nil {
-		return nil, because(reasonAttribution, err)
-	}
-	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(holder))
-	ctx = klog.NewContext(ctx, logger)
-	if err := a.checkUnambiguous(ctx, holder); err != nil {
-		return nil, because(reasonAttribution, err)
-	}
-	// Nothing is created for a reservation the scheduler did not sign for this pod and node.
-	if err := a.opts.Verifier.Verify(holder); err != nil {
-		a.failed(ctx, holder, err)
-		return nil, because(reasonTampered, err)
-	}
-	raw, ok := holder.Annotations[api.MigReservationsAnnotation]
-	if !ok {
-		if _, core := holder.Annotations[api.DevicesToAllocateAnnotation]; core {
-			return a.allocateHAMiCore(ctx, lease, holder, req)
-		}
-		return nil, fmt.Errorf("pod %s/%s holds the hand-off Lease but carries neither %s nor %s: nothing to allocate", holder.Namespace, holder.Name, api.MigReservationsAnnotation, api.DevicesToAllocateAnnotation)
-	}
-	recs, err := api.DecodeMigReservations(raw)
-	if err != nil {
-		return nil, fmt.Errorf("pod %s/%s: %w", holder.Namespace, holder.Name, err)
-	}
-	gpuContainers := a.gpuContainers(holder)
-	idx, last := nextContainer(gpuContainers, recs)
-	if idx < 0 {
-		return nil, because(reasonAttribution, fmt.Errorf("pod %s/%s: every GPU container is already realised; this Allocate call belongs to no container of the hand-off holder", holder.Namespace, holder.Name))
-	}
-	mine := containerReservations(recs, idx)
-	if len(mine) != len(req.DevicesIds) {
-		return nil, because(reasonAttribution, fmt.Errorf("pod %s/%s container %d has %d MIG reservations but kubelet asks for %d devices: refusing an Allocate that cannot be attributed", holder.Namespace, holder.Name, idx, len(mine), len(req.DevicesIds)))
-	}
-	made, err := a.realise(ctx, holder, mine)
-	if err != nil {
-		a.failed(ctx, holder, err)
-		return nil, because(reasonCreate, err)
-	}
-	for _, in := range made {
-		for i := range recs {
-			if recs[i].ContainerIndex == idx && recs[i].DeviceIndex == in.deviceIndex {
-				recs[i].SetRuntime(in.MigUUID, uint32(in.GPUInstanceID), uint32(in.ComputeInstanceID))
+		var f *failure
+		if errors.As(err, &f) {
+			reason = f.reason
+			if f.final && pod != nil {
+				a.fail(ctx, pod, err)
 			}
 		}
 	}
-	if err := a.writeBack(ctx, holder, recs, last); err != nil {
-		return nil, because(reasonWriteBack, err)
+	metrics.ObservePreStart(start, reason)
+	return err
+}
+
+func (a *Allocator) preStart(ctx context.Context, deviceIDs []string) (*v1.Pod, error) {
+	resource := a.opts.Names.ResourceCountName
+	owner, err := a.opts.Owners.Find(ctx, resource, deviceIDs)
+	if err != nil {
+		return nil, because(reasonAttribution, err)
 	}
-	if last {
-		a.releaseLease(ctx, lease)
+	pod, err := a.pod(ctx, owner)
+	if err != nil {
+		return nil, because(reasonAttribution, err)
+	}
+	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod), "container", owner.Container)
+	ctx = klog.NewContext(ctx, logger)
+	idx, ok := containerIndex(pod, owner.Container)
+	if !ok {
+		return nil, because(reasonAttribution, fmt.Errorf("pod %s/%s has no container %q that PodResources names", pod.Namespace, pod.Name, owner.Container))
+	}
+	// Nothing is created for a reservation the scheduler did not sign for this pod and node.
+	if err := a.opts.Verifier.Verify(pod); err != nil {
+		return pod, never(reasonTampered, err)
+	}
+	ids := slices.Sorted(slices.Values(deviceIDs))
+	var edits specs.ContainerEdits
+	switch {
+	case pod.Annotations[api.MigReservationsAnnotation] != "":
+		if edits, err = a.preStartMIG(ctx, pod, idx, ids); err != nil {
+			return pod, err
+		}
+	case pod.Annotations[api.DevicesAllocatedAnnotation] != "":
+		if edits, err = a.preStartHAMiCore(ctx, pod, idx, ids); err != nil {
+			return pod, err
+		}
+	default:
+		return pod, never(reasonAttribution, fmt.Errorf("pod %s/%s holds %s devices but carries neither %s nor %s: it was not scheduled by dynamig-scheduler",
+			pod.Namespace, pod.Name, resource, api.MigReservationsAnnotation, api.DevicesAllocatedAnnotation))
+	}
+	if err := a.writeSpecs(ids, edits); err != nil {
+		return pod, because(reasonSpec, err)
+	}
+	logger.V(2).Info("Container devices ready", "devices", ids)
+	return pod, nil
+}
+
+// pod reads the owner's pod: from the informer when it shows the pod bound here and not
+// going away, else from the API server (the informer may lag behind the Binding, or still
+// show a deleted pod whose name a new pod took).
+func (a *Allocator) pod(ctx context.Context, o podresources.Owner) (*v1.Pod, error) {
+	if a.opts.Pods != nil {
+		if p, err := a.opts.Pods.Pods(o.Namespace).Get(o.Pod); err == nil && p.Spec.NodeName == a.opts.NodeName && p.DeletionTimestamp == nil && hasReservation(p) {
+			return p, nil
+		}
+	}
+	p, err := a.opts.Client.CoreV1().Pods(o.Namespace).Get(ctx, o.Pod, metav1.GetOptions{})
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("reading pod %s/%s, which holds the devices: %w", o.Namespace, o.Pod, err)
+	case p.Spec.NodeName != a.opts.NodeName:
+		return nil, fmt.Errorf("pod %s/%s is bound to %q, not this node %s", o.Namespace, o.Pod, p.Spec.NodeName, a.opts.NodeName)
+	}
+	return p, nil
+}
+
+// containerIndex is the container's index in the reservation's numbering: init containers
+// first, then the regular ones.
+func containerIndex(p *v1.Pod, name string) (int, bool) {
+	for i, c := range p.Spec.InitContainers {
+		if c.Name == name {
+			return i, true
+		}
+	}
+	for i, c := range p.Spec.Containers {
+		if c.Name == name {
+			return len(p.Spec.InitContainers) + i, true
+		}
+	}
+	return 0, false
+}
+
+// writeSpecs writes one CDI spec per device ID, each with the container's whole edits: the
+// CDI library applies equal edits idempotently (an environment variable, mount or device
+// node of the same name replaces the earlier one), and a spec must not be empty.
+func (a *Allocator) writeSpecs(ids []string, edits specs.ContainerEdits) error {
+	for _, id := range ids {
+		if err := a.opts.Specs.Write(a.opts.NodeName, id, edits); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// preStartMIG realises the container's MIG reservations and returns what the container gets.
+func (a *Allocator) preStartMIG(ctx context.Context, pod *v1.Pod, idx int, ids []string) (specs.ContainerEdits, error) {
+	recs, err := api.DecodeMigReservations(pod.Annotations[api.MigReservationsAnnotation])
+	if err != nil {
+		return specs.ContainerEdits{}, never(reasonTampered, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err))
+	}
+	mine := containerReservations(recs, idx)
+	if len(mine) != len(ids) {
+		return specs.ContainerEdits{}, never(reasonAttribution, fmt.Errorf("pod %s/%s container %d has %d MIG reservations but the kubelet gave it %d devices", pod.Namespace, pod.Name, idx, len(mine), len(ids)))
+	}
+	made, err := a.realise(ctx, pod, mine)
+	if err != nil {
+		return specs.ContainerEdits{}, err
+	}
+	if err := a.writeBack(ctx, pod, made); err != nil {
+		return specs.ContainerEdits{}, because(reasonWriteBack, err)
 	}
 	uuids := make([]string, len(made))
 	for i, in := range made {
 		uuids[i] = in.MigUUID
 	}
-	logger.V(2).Info("Allocated MIG devices", "containerIndex", idx, "migUUIDs", uuids)
-	return &pluginapi.ContainerAllocateResponse{Envs: map[string]string{"NVIDIA_VISIBLE_DEVICES": strings.Join(uuids, ",")}}, nil
-}
-
-// holder reads the hand-off Lease and the pod it names.
-func (a *Allocator) holder(ctx context.Context) (*coordinationv1.Lease, *v1.Pod, error) {
-	name := api.HandoffLeaseName(a.opts.NodeName)
-	lease, err := a.opts.Client.CoordinationV1().Leases(a.opts.LeaseNamespace).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return nil, nil, fmt.Errorf("no hand-off Lease %s/%s to attribute this Allocate to (was the pod scheduled by dynamig-scheduler?): %w", a.opts.LeaseNamespace, name, err)
-	}
-	h := ""
-	if lease.Spec.HolderIdentity != nil {
-		h = *lease.Spec.HolderIdentity
-	}
-	ns, podName, uid, ok := api.ParseHandoffHolder(h)
-	if !ok {
-		return nil, nil, fmt.Errorf("the hand-off Lease %s/%s is held by no pod (holder %q): this Allocate belongs to no reservation dynamig-scheduler made", a.opts.LeaseNamespace, name, h)
-	}
-	pod, err := a.opts.Client.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
-	switch {
-	case err != nil:
-		return nil, nil, fmt.Errorf("reading hand-off holder %s: %w", h, err)
-	case string(pod.UID) != uid:
-		return nil, nil, fmt.Errorf("hand-off holder %s no longer exists (pod %s/%s has UID %s)", h, ns, podName, pod.UID)
-	case pod.Spec.NodeName != a.opts.NodeName:
-		return nil, nil, fmt.Errorf("hand-off holder %s is bound to %q, not this node %s", h, pod.Spec.NodeName, a.opts.NodeName)
-	}
-	return lease, pod, nil
-}
-
-// checkUnambiguous refuses when another GPU pod bound here is neither realised nor ended:
-// then the call could be that pod's.
-func (a *Allocator) checkUnambiguous(ctx context.Context, holder *v1.Pod) error {
-	list, err := a.opts.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + a.opts.NodeName})
-	if err != nil {
-		return fmt.Errorf("listing this node's pods to attribute the Allocate: %w", err)
-	}
-	for i := range list.Items {
-		p := &list.Items[i]
-		if p.UID == holder.UID || p.Spec.NodeName != a.opts.NodeName || !hasReservation(p) || ended(p) {
-			continue
-		}
-		if p.Annotations[api.BindPhaseAnnotation] == api.BindPhaseAllocating {
-			return fmt.Errorf("cannot tell whose Allocate this is: pod %s/%s holds the hand-off Lease but pod %s/%s on this node is still being allocated", holder.Namespace, holder.Name, p.Namespace, p.Name)
-		}
-	}
-	return nil
+	return specs.ContainerEdits{Env: []string{"NVIDIA_VISIBLE_DEVICES=" + strings.Join(uuids, ",")}}, nil
 }
 
 func hasReservation(p *v1.Pod) bool {
@@ -226,39 +274,6 @@ func hasReservation(p *v1.Pod) bool {
 
 func ended(p *v1.Pod) bool {
 	return p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed
-}
-
-// gpuContainers lists, in containerIndex order, the containers asking for the count resource.
-func (a *Allocator) gpuContainers(p *v1.Pod) []int {
-	var out []int
-	all := append(append([]v1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...)
-	for i, c := range all {
-		q, ok := c.Resources.Limits[v1.ResourceName(a.opts.Names.ResourceCountName)]
-		if !ok {
-			q, ok = c.Resources.Requests[v1.ResourceName(a.opts.Names.ResourceCountName)]
-		}
-		if ok && q.Value() > 0 {
-			out = append(out, i)
-		}
-	}
-	return out
-}
-
-// nextContainer is the first GPU container whose reservations are not all realised, and
-// whether it is the last one.
-func nextContainer(gpuContainers []int, recs []api.MigReservation) (idx int, last bool) {
-	for k, c := range gpuContainers {
-		done := true
-		for _, r := range recs {
-			if r.ContainerIndex == c && !r.Realized() {
-				done = false
-			}
-		}
-		if !done {
-			return c, k == len(gpuContainers)-1
-		}
-	}
-	return -1, false
 }
 
 func containerReservations(recs []api.MigReservation, idx int) []api.MigReservation {
@@ -279,8 +294,8 @@ type made struct {
 	created                     bool // by this call, so a failure rolls it back
 }
 
-// realise creates (or finds, for a repeated call) the container's instances; on a failure
-// it destroys those this call created.
+// realise adopts or creates the container's instances; on a failure it destroys those this
+// call created.
 func (a *Allocator) realise(ctx context.Context, pod *v1.Pod, recs []api.MigReservation) ([]made, error) {
 	var out []made
 	for _, r := range recs {
@@ -300,22 +315,26 @@ func (a *Allocator) realise(ctx context.Context, pod *v1.Pod, recs []api.MigRese
 
 func (a *Allocator) realiseOne(ctx context.Context, pod *v1.Pod, r api.MigReservation) (made, error) {
 	key := checkpoint.Key{PodUID: string(pod.UID), ContainerIndex: r.ContainerIndex, DeviceIndex: r.DeviceIndex}
+	which := fmt.Sprintf("pod %s/%s container %d device %d", pod.Namespace, pod.Name, r.ContainerIndex, r.DeviceIndex)
 	if _, err := a.opts.Instances.ProfileID(r.GPUUUID, r.Profile, r.Placement); err != nil {
-		return made{}, fmt.Errorf("pod %s/%s container %d device %d: %w", pod.Namespace, pod.Name, r.ContainerIndex, r.DeviceIndex, err)
+		return made{}, never(reasonTampered, fmt.Errorf("%s: %w", which, err))
 	}
 	unlock, err := a.opts.Instances.Lock(r.GPUUUID)
 	if err != nil {
-		return made{}, err
+		return made{}, because(reasonCreate, err)
 	}
 	defer unlock()
-	// Idempotent: an instance this plugin already made for this pod, container and device.
+	// The instance this plugin already made for this pod, container and device: a container
+	// restart, or a kubelet or plugin restart, adopts it.
 	if e, ok := a.opts.Checkpoint.Get(key); ok {
 		if e.State == checkpoint.Created {
 			if in, found := a.find(r.GPUUUID, e); found {
 				return made{Instance: in, containerIndex: r.ContainerIndex, deviceIndex: r.DeviceIndex}, nil
 			}
+			// Gone (the node rebooted): made again below, at the same placement.
+			klog.FromContext(ctx).Info("The pod's MIG instance is gone; creating it again", "gpu", r.GPUUUID, "placement", r.Placement.String(), "oldMigUUID", e.MigUUID)
 		} else if err := a.finishIntent(ctx, e); err != nil {
-			return made{}, err
+			return made{}, because(reasonCreate, err)
 		}
 	}
 	if err := a.clearPlacement(ctx, pod, r); err != nil {
@@ -323,18 +342,18 @@ func (a *Allocator) realiseOne(ctx context.Context, pod *v1.Pod, r api.MigReserv
 	}
 	entry := checkpoint.Entry{Key: key, PodNamespace: pod.Namespace, PodName: pod.Name, GPUUUID: r.GPUUUID, Profile: r.Profile, Placement: r.Placement, State: checkpoint.Intent}
 	if err := a.opts.Checkpoint.Put(entry); err != nil {
-		return made{}, fmt.Errorf("recording the intent before creating: %w", err)
+		return made{}, because(reasonCreate, fmt.Errorf("recording the intent before creating: %w", err))
 	}
 	in, err := a.opts.Instances.Create(ctx, r.GPUUUID, r.Profile, r.Placement)
 	if err != nil {
 		_ = a.opts.Checkpoint.Remove(key) // nothing was left behind: Create rolled back
-		return made{}, fmt.Errorf("pod %s/%s container %d device %d: %w", pod.Namespace, pod.Name, r.ContainerIndex, r.DeviceIndex, err)
+		return made{}, because(reasonCreate, fmt.Errorf("%s: %w", which, err))
 	}
 	entry.State, entry.GPUInstanceID, entry.ComputeInstanceID, entry.MigUUID = checkpoint.Created, in.GPUInstanceID, in.ComputeInstanceID, in.MigUUID
 	if err := a.opts.Checkpoint.Put(entry); err != nil {
 		_ = a.opts.Instances.Destroy(ctx, r.GPUUUID, in.GPUInstanceID)
 		_ = a.opts.Checkpoint.Remove(key)
-		return made{}, fmt.Errorf("recording the created instance: %w", err)
+		return made{}, because(reasonCreate, fmt.Errorf("recording the created instance: %w", err))
 	}
 	return made{Instance: in, containerIndex: r.ContainerIndex, deviceIndex: r.DeviceIndex, created: true}, nil
 }
@@ -365,7 +384,7 @@ func (a *Allocator) find(gpu string, e checkpoint.Entry) (instances.Instance, bo
 
 // clearPlacement makes sure nothing occupies the reserved placement: instances of ended
 // pods are reclaimed, and an instance of a pod being deleted (a preemption victim) is
-// waited for, bounded. The GPU lock is held.
+// waited for, bounded, then reported so the kubelet retries. The GPU lock is held.
 func (a *Allocator) clearPlacement(ctx context.Context, pod *v1.Pod, r api.MigReservation) error {
 	deadline := time.Now().Add(a.opts.PreemptionWait)
 	for {
@@ -377,22 +396,23 @@ func (a *Allocator) clearPlacement(ctx context.Context, pod *v1.Pod, r api.MigRe
 			return err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("pod %s/%s container %d device %d: placement %s of %s is still held by %s after %s", pod.Namespace, pod.Name, r.ContainerIndex, r.DeviceIndex, r.Placement, r.GPUUUID, blocker, a.opts.PreemptionWait)
+			return because(reasonBusy, fmt.Errorf("pod %s/%s container %d device %d: placement %s of %s is still held by %s; the kubelet will retry",
+				pod.Namespace, pod.Name, r.ContainerIndex, r.DeviceIndex, r.Placement, r.GPUUUID, blocker))
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return because(reasonBusy, fmt.Errorf("placement %s of %s is held by %s: %w", r.Placement, r.GPUUUID, blocker, ctx.Err()))
 		case <-time.After(a.opts.Poll):
 		}
 	}
 }
 
 // blocker names what holds an overlapping instance that may go (a pod being deleted), or
-// returns an error for one that will not.
+// returns the final error of one that will not.
 func (a *Allocator) blocker(ctx context.Context, r api.MigReservation) (string, error) {
 	list, err := a.opts.Instances.List(r.GPUUUID)
 	if err != nil {
-		return "", err
+		return "", because(reasonCreate, err)
 	}
 	for _, in := range list {
 		if !in.Placement.Overlaps(r.Placement) {
@@ -400,14 +420,14 @@ func (a *Allocator) blocker(ctx context.Context, r api.MigReservation) (string, 
 		}
 		owner, ok := a.owner(in)
 		if !ok {
-			return "", fmt.Errorf("placement %s of %s overlaps GPU instance %d at %s, which dynamig did not create; refusing", r.Placement, r.GPUUUID, in.GPUInstanceID, in.Placement)
+			return "", never(reasonCreate, fmt.Errorf("placement %s of %s overlaps GPU instance %d at %s, which dynamig did not create; refusing", r.Placement, r.GPUUUID, in.GPUInstanceID, in.Placement))
 		}
 		p, err := a.opts.Client.CoreV1().Pods(owner.PodNamespace).Get(ctx, owner.PodName, metav1.GetOptions{})
 		switch {
 		case err == nil && string(p.UID) == owner.PodUID && p.DeletionTimestamp == nil && !ended(p):
-			return "", fmt.Errorf("placement %s of %s overlaps the instance of running pod %s/%s: the reservation would double-book it", r.Placement, r.GPUUUID, p.Namespace, p.Name)
+			return "", never(reasonCreate, fmt.Errorf("placement %s of %s overlaps the instance of running pod %s/%s: the reservation would double-book it", r.Placement, r.GPUUUID, p.Namespace, p.Name))
 		case err != nil && !apierrors.IsNotFound(err):
-			return "", err
+			return "", because(reasonCreate, err)
 		}
 		return fmt.Sprintf("the instance of pod %s/%s, which is going away", owner.PodNamespace, owner.PodName), nil
 	}

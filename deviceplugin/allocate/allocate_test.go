@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
+	oci "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,12 +19,15 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/record"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	"k8s.io/utils/ptr"
+	cdilib "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/deviceplugin/cdi"
 	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
 	"github.com/dynamig/dynamig/deviceplugin/instances"
+	"github.com/dynamig/dynamig/deviceplugin/podresources"
 	"github.com/dynamig/dynamig/nvml"
 	"github.com/dynamig/dynamig/nvml/sim"
 	"github.com/dynamig/dynamig/signing"
@@ -30,15 +35,29 @@ import (
 
 const node = "mig-node"
 
+// owners is the kubelet's PodResources as a table: which container holds which IDs.
+type owners map[string]podresources.Owner // by the sorted IDs joined with ","
+
+func (o owners) Find(_ context.Context, _ string, ids []string) (podresources.Owner, error) {
+	if owner, ok := o[strings.Join(slices.Sorted(slices.Values(ids)), ",")]; ok {
+		return owner, nil
+	}
+	return podresources.Owner{}, fmt.Errorf("no active container holds devices %v", ids)
+}
+
 type env struct {
-	t      *testing.T
-	ctx    context.Context
-	client *fake.Clientset
-	sim    *sim.Sim
-	mgr    *instances.Manager
-	cp     *checkpoint.Checkpoint
-	a      *Allocator
-	gpu    string
+	t       *testing.T
+	ctx     context.Context
+	client  *fake.Clientset
+	sim     *sim.Sim
+	mgr     *instances.Manager
+	cp      *checkpoint.Checkpoint
+	a       *Allocator
+	gpu     string
+	owners  owners
+	cdiDir  string
+	events  *record.FakeRecorder
+	nextIDs int
 	// key signs the reservations as the scheduler does; the Allocator accepts it.
 	key ed25519.PrivateKey
 }
@@ -64,9 +83,14 @@ func newEnv(t *testing.T, objs ...runtime.Object) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, ctx: context.Background(), client: fake.NewClientset(objs...), sim: s, mgr: mgr, cp: cp, gpu: mgr.GPUs()[0], key: key}
+	e := &env{t: t, ctx: context.Background(), client: fake.NewClientset(objs...), sim: s, mgr: mgr, cp: cp, gpu: mgr.GPUs()[0], key: key,
+		owners: owners{}, cdiDir: filepath.Join(t.TempDir(), "cdi"), events: record.NewFakeRecorder(100)}
+	specs, err := cdi.New(e.cdiDir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	e.a, err = New(Options{NodeName: node, Client: e.client, Instances: mgr, Checkpoint: cp, Verifier: signing.NewStaticVerifier(key.Public().(ed25519.PublicKey)),
-		PreemptionWait: 3 * time.Second, Poll: 20 * time.Millisecond})
+		Owners: e.owners, Specs: specs, Recorder: e.events, PreemptionWait: 300 * time.Millisecond, Poll: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,25 +136,50 @@ func profileFor(size int) string {
 	return map[int]string{1: "1g.5gb", 2: "2g.10gb", 4: "3g.20gb", 8: "7g.40gb"}[size]
 }
 
-// handOff takes the hand-off Lease for the pod as the scheduler's Bind does.
-func (e *env) handOff(p *v1.Pod) {
+// admit gives the pod's container n device IDs, as the kubelet does at admission (Allocate
+// answers their CDI names), and lists them in PodResources.
+func (e *env) admit(p *v1.Pod, container string, n int) []string {
 	e.t.Helper()
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: api.HandoffLeaseName(node), Namespace: api.DefaultSystemNamespace},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(p.Namespace + "/" + p.Name + "/" + string(p.UID))}}
-	leases := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace)
-	if _, err := leases.Update(e.ctx, lease, metav1.UpdateOptions{}); err != nil {
-		if _, err := leases.Create(e.ctx, lease, metav1.CreateOptions{}); err != nil {
-			e.t.Fatal(err)
-		}
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s::%d", e.gpu, e.nextIDs)
+		e.nextIDs++
 	}
+	resp, err := e.a.Allocate(e.ctx, &pluginapi.ContainerAllocateRequest{DevicesIds: ids})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if len(resp.CdiDevices) != n || len(resp.Envs) != 0 {
+		e.t.Fatalf("Allocate must answer one CDI name per device and nothing else: %+v", resp)
+	}
+	e.owners[strings.Join(slices.Sorted(slices.Values(ids)), ",")] = podresources.Owner{Namespace: p.Namespace, Pod: p.Name, Container: container}
+	return ids
 }
 
-func (e *env) allocate(devices int) (*pluginapi.ContainerAllocateResponse, error) {
-	ids := make([]string, devices)
-	for i := range ids {
-		ids[i] = "dev-" + string(rune('a'+i))
+// start is the kubelet starting the container: PreStartContainer, then the runtime resolves
+// the CDI names as containerd does. It returns the container's environment.
+func (e *env) start(ids []string) (map[string]string, error) {
+	if err := e.a.PreStartContainer(e.ctx, ids); err != nil {
+		return nil, err
 	}
-	return e.a.Allocate(e.ctx, &pluginapi.ContainerAllocateRequest{DevicesIds: ids})
+	c, err := cdilib.NewCache(cdilib.WithSpecDirs(e.cdiDir), cdilib.WithAutoRefresh(false))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}}
+	var names []string
+	for _, id := range ids {
+		names = append(names, cdi.QualifiedName(node, id))
+	}
+	if _, err := c.InjectDevices(spec, names...); err != nil {
+		e.t.Fatalf("the runtime cannot resolve %v after PreStartContainer: %v", names, err)
+	}
+	env := map[string]string{}
+	for _, kv := range spec.Process.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	return env, nil
 }
 
 func (e *env) get(name string) *v1.Pod {
@@ -143,14 +192,37 @@ func (e *env) get(name string) *v1.Pod {
 
 func (e *env) gis() []sim.GpuInstanceState { return e.sim.Snapshot()[0].GpuInstances }
 
+// writes counts the API writes of the given verb and resource so far.
+func (e *env) writes(verb, resource string) int {
+	n := 0
+	for _, a := range e.client.Actions() {
+		if a.GetVerb() == verb && a.GetResource().Resource == resource {
+			n++
+		}
+	}
+	return n
+}
+
+func (e *env) evicted(name string) bool {
+	for _, a := range e.client.Actions() {
+		if c, ok := a.(clienttesting.CreateAction); ok && a.GetSubresource() == "eviction" && c.GetObject().(metav1.Object).GetName() == name {
+			return true
+		}
+	}
+	return false
+}
+
 func pls(p ...api.Placement) []api.Placement { return p }
 func at(start, size int) api.Placement       { return api.Placement{Start: start, Size: size} }
 
-func TestSeedAllocate(t *testing.T) {
+func TestSeedPreStart(t *testing.T) {
 	e := newEnv(t)
 	p := e.pod("gpu-pod1", pls(at(0, 2), at(2, 2)))
-	e.handOff(p)
-	resp, err := e.allocate(2)
+	ids := e.admit(p, "c0", 2)
+	if len(e.gis()) != 0 {
+		t.Fatalf("Allocate created instances: %+v", e.gis())
+	}
+	env, err := e.start(ids)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,47 +230,53 @@ func TestSeedAllocate(t *testing.T) {
 	if len(gis) != 2 || gis[0].ProfileName != "2g.10gb" {
 		t.Fatalf("instances: %+v", gis)
 	}
-	uuids := strings.Split(resp.Envs["NVIDIA_VISIBLE_DEVICES"], ",")
+	uuids := strings.Split(env["NVIDIA_VISIBLE_DEVICES"], ",")
 	if len(uuids) != 2 || !strings.HasPrefix(uuids[0], "MIG-") {
-		t.Errorf("env: %v", resp.Envs)
+		t.Errorf("the container's environment: %v", env)
 	}
 	got := e.get("gpu-pod1")
 	recs, err := api.DecodeMigReservations(got.Annotations[api.MigReservationsAnnotation])
-	if err != nil || !recs[0].Realized() || !recs[1].Realized() || recs[0].MigUUID != uuids[0] {
+	if err != nil || !recs[0].Realized() || !recs[1].Realized() || recs[0].MigUUID != uuids[0] || recs[1].MigUUID != uuids[1] {
 		t.Errorf("runtime identity: %+v %v", recs, err)
 	}
 	if got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseSuccess {
 		t.Errorf("bind phase: %q", got.Annotations[api.BindPhaseAnnotation])
 	}
-	lease, _ := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Get(e.ctx, api.HandoffLeaseName(node), metav1.GetOptions{})
-	if lease.Spec.HolderIdentity != nil {
-		t.Errorf("the Lease must be released after the last container: %v", *lease.Spec.HolderIdentity)
-	}
 	if cp := e.cp.Entries(); len(cp) != 2 || cp[0].State != checkpoint.Created {
 		t.Errorf("checkpoint: %+v", cp)
 	}
-	// With the Lease released, a stray Allocate is refused and creates nothing.
-	if _, err := e.allocate(1); err == nil || !strings.Contains(err.Error(), "held by no pod") {
-		t.Errorf("stray Allocate: %v", err)
+	// The container restarts: the same instances, the same environment, no API write.
+	patches := e.writes("patch", "pods")
+	again, err := e.start(ids)
+	if err != nil || again["NVIDIA_VISIBLE_DEVICES"] != env["NVIDIA_VISIBLE_DEVICES"] {
+		t.Errorf("restart: %v %v", again, err)
 	}
-	if len(e.gis()) != 2 {
-		t.Errorf("a refused Allocate created something")
+	if len(e.gis()) != 2 || e.writes("patch", "pods") != patches {
+		t.Errorf("a restart made instances (%d) or wrote (%d patches)", len(e.gis()), e.writes("patch", "pods")-patches)
+	}
+	// Device IDs no container holds are refused, and nothing is made.
+	if err := e.a.PreStartContainer(e.ctx, []string{"GPU-x::9"}); err == nil || !strings.Contains(err.Error(), "no active container") {
+		t.Errorf("unattributable: %v", err)
+	}
+	if len(e.gis()) != 2 || e.evicted("gpu-pod1") {
+		t.Errorf("an unattributable call changed something")
 	}
 }
 
-func TestContainersInOrderAndRepeatedAllocate(t *testing.T) {
+func TestContainersInAnyOrderAndLostWriteBack(t *testing.T) {
 	e := newEnv(t)
 	p := e.pod("p", pls(at(0, 2)), nil, pls(at(4, 4)))
-	e.handOff(p)
-	if _, err := e.allocate(1); err != nil {
+	first := e.admit(p, "c0", 1)
+	last := e.admit(p, "c2", 1)
+	// The kubelet may start c2 first; the pod is realised only when both are.
+	if _, err := e.start(last); err != nil {
 		t.Fatal(err)
 	}
-	mid := e.get("p")
-	if mid.Annotations[api.BindPhaseAnnotation] != api.BindPhaseAllocating {
-		t.Errorf("not the last container yet")
+	if e.get("p").Annotations[api.BindPhaseAnnotation] != api.BindPhaseAllocating {
+		t.Errorf("not every container is realised yet")
 	}
-	// The annotation patch of the second container is lost (a crash): its instance exists
-	// in the checkpoint; the repeated call converges on it instead of making another.
+	// The write-back of c0 is lost (the API server is unreachable once): the error reaches
+	// the kubelet, which retries; the retry adopts the instance instead of making another.
 	lost := 1
 	e.client.PrependReactor("patch", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
 		if lost > 0 {
@@ -207,39 +285,29 @@ func TestContainersInOrderAndRepeatedAllocate(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	if _, err := e.allocate(1); err == nil {
-		t.Fatal("the patch was supposed to fail")
+	if _, err := e.start(first); err == nil {
+		t.Fatal("the write-back was supposed to fail")
 	}
 	before := len(e.gis())
-	if _, err := e.allocate(1); err != nil {
+	if _, err := e.start(first); err != nil {
 		t.Fatal(err)
 	}
-	if len(e.gis()) != before {
-		t.Errorf("a repeated Allocate created a new instance: %d → %d", before, len(e.gis()))
+	if len(e.gis()) != before || before != 2 {
+		t.Errorf("the retry made a new instance: %d → %d", before, len(e.gis()))
 	}
-	recs, _ := api.DecodeMigReservations(e.get("p").Annotations[api.MigReservationsAnnotation])
-	if !recs[0].Realized() || !recs[1].Realized() || recs[1].ContainerIndex != 2 {
-		t.Errorf("reservations: %+v", recs)
+	got := e.get("p")
+	recs, _ := api.DecodeMigReservations(got.Annotations[api.MigReservationsAnnotation])
+	if !recs[0].Realized() || !recs[1].Realized() || recs[1].ContainerIndex != 2 || got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseSuccess {
+		t.Errorf("reservations: %+v, phase %q", recs, got.Annotations[api.BindPhaseAnnotation])
+	}
+	if e.evicted("p") {
+		t.Error("a retriable failure evicted the pod")
 	}
 }
 
 func TestForgedAndTamperedReservations(t *testing.T) {
-	e := newEnv(t)
-	p := e.pod("p", pls(at(0, 2)))
-	// No Lease at all.
-	if _, err := e.allocate(1); err == nil || !strings.Contains(err.Error(), "no hand-off Lease") {
-		t.Errorf("without a Lease: %v", err)
-	}
-	// The Lease names another pod UID.
-	e.handOff(p)
-	other := p.DeepCopy()
-	other.UID = "someone-else"
-	e.handOff(other)
-	if _, err := e.allocate(1); err == nil || !strings.Contains(err.Error(), "no longer exists") {
-		t.Errorf("forged holder: %v", err)
-	}
-	// Tampered after the hand-off, unsigned, or signed by a key the plugin does not accept.
-	// None creates anything, and each says why.
+	// Tampered, unsigned, or signed by a key the plugin does not accept: none creates
+	// anything; the pod is failed with the reason, told in a Warning event, and evicted.
 	for _, tc := range []struct {
 		name    string
 		edit    func(p *v1.Pod)
@@ -253,56 +321,53 @@ func TestForgedAndTamperedReservations(t *testing.T) {
 			k, _ := signing.GenerateKey()
 			_ = api.SignReservation(k, string(p.UID), p.Spec.NodeName, p.Annotations)
 		}, "which is not in ConfigMap"},
+		{"signed for another node", func(p *v1.Pod) { p.Spec.NodeName = "elsewhere" }, "the signature of key"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e.handOff(p)
+			e := newEnv(t)
+			p := e.pod("p", pls(at(0, 2)))
+			ids := e.admit(p, "c0", 1)
 			pod := e.get("p")
-			saved := pod.DeepCopy()
 			tc.edit(pod)
+			pod.Spec.NodeName = node // bound here in every case; only the signed node differs
+			if tc.name == "signed for another node" {
+				_ = api.SignReservation(e.key, string(pod.UID), "elsewhere", pod.Annotations)
+			}
 			if _, err := e.client.CoreV1().Pods("default").Update(e.ctx, pod, metav1.UpdateOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.allocate(1); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			if _, err := e.start(ids); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Errorf("got %v, want %q", err, tc.wantErr)
 			}
 			if len(e.gis()) != 0 {
-				t.Errorf("a refused Allocate created instances: %+v", e.gis())
+				t.Errorf("a refused reservation created instances: %+v", e.gis())
 			}
-			if got := e.get("p"); got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseFailed || !strings.Contains(got.Annotations[bindFailureAnnotation], tc.wantErr) {
+			got := e.get("p")
+			if got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseFailed || !strings.Contains(got.Annotations[bindFailureAnnotation], tc.wantErr) {
 				t.Errorf("bind phase %q, failure %q", got.Annotations[api.BindPhaseAnnotation], got.Annotations[bindFailureAnnotation])
 			}
-			saved.ResourceVersion = ""
-			if _, err := e.client.CoreV1().Pods("default").Update(e.ctx, saved, metav1.UpdateOptions{}); err != nil {
-				t.Fatal(err)
+			if !e.evicted("p") {
+				t.Error("the pod was not evicted")
+			}
+			select {
+			case ev := <-e.events.Events:
+				if !strings.HasPrefix(ev, "Warning "+ReasonUnrealisable) || !strings.Contains(ev, tc.wantErr) {
+					t.Errorf("event %q", ev)
+				}
+			default:
+				t.Error("no Warning event")
 			}
 		})
 	}
 }
 
-func TestAmbiguousAllocateRefused(t *testing.T) {
-	e := newEnv(t)
-	a := e.pod("a", pls(at(0, 2)))
-	e.pod("b", pls(at(2, 2))) // bound, still allocating, not the holder
-	e.handOff(a)
-	if _, err := e.allocate(1); err == nil || !strings.Contains(err.Error(), "cannot tell whose Allocate") {
-		t.Errorf("ambiguous: %v", err)
-	}
-	if len(e.gis()) != 0 {
-		t.Errorf("created on an ambiguous call")
-	}
-}
-
 func TestReclaimOnlyEndedPods(t *testing.T) {
 	e := newEnv(t)
-	a := e.pod("a", pls(at(0, 2)))
-	e.handOff(a)
-	if _, err := e.allocate(1); err != nil {
-		t.Fatal(err)
-	}
-	b := e.pod("b", pls(at(2, 2)))
-	e.handOff(b)
-	if _, err := e.allocate(1); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"a", "b"} {
+		start := map[string]int{"a": 0, "b": 2}[name]
+		if _, err := e.start(e.admit(e.pod(name, pls(at(start, 2))), "c0", 1)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := e.client.CoreV1().Pods("default").Delete(e.ctx, "a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -334,85 +399,90 @@ func TestReclaimOnlyEndedPods(t *testing.T) {
 	}
 }
 
-func TestPreemptorWaitsForVictim(t *testing.T) {
+func TestPreemptorWaitsForVictimAndDoubleBookingLoses(t *testing.T) {
 	e := newEnv(t)
-	victim := e.pod("victim", pls(at(0, 8)))
-	e.handOff(victim)
-	if _, err := e.allocate(1); err != nil {
+	if _, err := e.start(e.admit(e.pod("victim", pls(at(0, 8))), "c0", 1)); err != nil {
 		t.Fatal(err)
 	}
-	// The victim is being deleted (graceful termination) when the preemptor arrives.
+	// The victim is being deleted (graceful termination) when the preemptor starts: the
+	// plugin waits a bounded time, then says so and the kubelet retries; nothing is failed.
 	v := e.get("victim")
 	v.DeletionTimestamp = &metav1.Time{Time: time.Now()}
 	e.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), v, "default")
-	preemptor := e.pod("preemptor", pls(at(0, 2)))
-	e.handOff(preemptor)
+	preemptor := e.admit(e.pod("preemptor", pls(at(0, 2))), "c0", 1)
+	if _, err := e.start(preemptor); err == nil || !strings.Contains(err.Error(), "going away") {
+		t.Fatalf("want a retriable wait for the victim: %v", err)
+	}
+	if e.evicted("preemptor") || e.get("preemptor").Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed {
+		t.Error("a wait for a victim failed the preemptor")
+	}
 	go func() {
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 		e.client.Tracker().Delete(v1.SchemeGroupVersion.WithResource("pods"), "default", "victim")
 	}()
-	start := time.Now()
-	if _, err := e.allocate(1); err != nil {
+	if _, err := e.start(preemptor); err != nil {
 		t.Fatalf("the preemptor must get its instance once the victim is gone: %v", err)
-	}
-	if time.Since(start) < 150*time.Millisecond {
-		t.Errorf("it did not wait for the victim")
 	}
 	if gis := e.gis(); len(gis) != 1 || gis[0].Placement != at(0, 2) {
 		t.Errorf("instances: %+v", gis)
 	}
-	// A running pod's instance is never taken: double booking is refused at once.
-	runner := e.pod("runner", pls(at(0, 2)))
-	e.handOff(runner)
-	if _, err := e.allocate(1); err == nil || !strings.Contains(err.Error(), "double-book") {
+	// A reservation overlapping a running pod's instance (a double booking, e.g. a Binding
+	// in flight from a previous scheduler) loses: failed, evicted; the winner is untouched.
+	loser := e.admit(e.pod("loser", pls(at(0, 2))), "c0", 1)
+	if _, err := e.start(loser); err == nil || !strings.Contains(err.Error(), "double-book") {
 		t.Errorf("overlap with a running pod: %v", err)
+	}
+	if !e.evicted("loser") || e.evicted("preemptor") {
+		t.Errorf("evicted: loser %v, winner %v", e.evicted("loser"), e.evicted("preemptor"))
+	}
+	if gis := e.gis(); len(gis) != 1 || e.get("preemptor").Annotations[api.BindPhaseAnnotation] != api.BindPhaseSuccess {
+		t.Errorf("the winner was touched: %+v", gis)
 	}
 }
 
-func TestFailedComputeInstanceRollsBack(t *testing.T) {
+func TestFailedComputeInstanceRollsBackAndIsRetried(t *testing.T) {
 	e := newEnv(t)
-	p := e.pod("p", pls(at(0, 2)))
-	e.handOff(p)
+	ids := e.admit(e.pod("p", pls(at(0, 2))), "c0", 1)
 	e.sim.FailNext(0, sim.OpCreateComputeInstance, nvml.ErrorUnknown)
-	if _, err := e.allocate(1); err == nil || !strings.Contains(err.Error(), "compute instance") {
+	if _, err := e.start(ids); err == nil || !strings.Contains(err.Error(), "compute instance") {
 		t.Fatalf("want the CI failure: %v", err)
 	}
 	if len(e.gis()) != 0 || len(e.cp.Entries()) != 0 {
 		t.Fatalf("a failed create left state behind: %+v %+v", e.gis(), e.cp.Entries())
 	}
-	got := e.get("p")
-	if got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseFailed || !strings.Contains(got.Annotations[bindFailureAnnotation], "compute instance") {
-		t.Errorf("bind phase: %v", got.Annotations)
+	if e.evicted("p") {
+		t.Error("a create failure is retried by the kubelet, not evicted")
 	}
-	lease, _ := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Get(e.ctx, api.HandoffLeaseName(node), metav1.GetOptions{})
-	if lease.Spec.HolderIdentity != nil {
-		t.Errorf("a failed pod must not keep the node's hand-off")
+	if _, err := e.start(ids); err != nil || len(e.gis()) != 1 {
+		t.Errorf("retry: %v %+v", err, e.gis())
 	}
 }
 
-func TestSecondDeviceFailureRollsBackTheFirst(t *testing.T) {
+func TestForeignInstanceRollsBackTheFirstDevice(t *testing.T) {
 	e := newEnv(t)
 	// An instance dynamig did not make sits where the second device is reserved.
 	dev, _ := e.sim.DeviceByIndex(0)
 	if _, err := dev.CreateGpuInstanceWithPlacement(14, at(2, 2)); err != nil {
 		t.Fatal(err)
 	}
-	p := e.pod("p", pls(at(0, 2), at(2, 2)))
-	e.handOff(p)
-	if _, err := e.allocate(2); err == nil || !strings.Contains(err.Error(), "did not create") {
+	ids := e.admit(e.pod("p", pls(at(0, 2), at(2, 2))), "c0", 2)
+	if _, err := e.start(ids); err == nil || !strings.Contains(err.Error(), "did not create") {
 		t.Fatalf("want a refusal naming the foreign instance: %v", err)
 	}
 	if gis := e.gis(); len(gis) != 1 || gis[0].Placement != at(2, 2) {
 		t.Errorf("the first device must be rolled back and the foreign instance left alone: %+v", gis)
 	}
+	if !e.evicted("p") {
+		t.Error("a placement held by a foreign instance can never be realised: evict")
+	}
 }
 
 // TestInterruptedCreateIsRedone: the plugin died after recording the intent and creating
-// the GI, before the CI; the next Allocate clears the half-made GI and creates afresh.
+// the GI, before the CI; the next PreStartContainer clears the half-made GI and creates afresh.
 func TestInterruptedCreateIsRedone(t *testing.T) {
 	e := newEnv(t)
 	p := e.pod("p", pls(at(4, 4)))
-	e.handOff(p)
+	ids := e.admit(p, "c0", 1)
 	key := checkpoint.Key{PodUID: string(p.UID), ContainerIndex: 0, DeviceIndex: 0}
 	if err := e.cp.Put(checkpoint.Entry{Key: key, PodNamespace: "default", PodName: "p", GPUUUID: e.gpu, Profile: "3g.20gb", Placement: at(4, 4), State: checkpoint.Intent}); err != nil {
 		t.Fatal(err)
@@ -421,7 +491,7 @@ func TestInterruptedCreateIsRedone(t *testing.T) {
 	if _, err := dev.CreateGpuInstanceWithPlacement(9, at(4, 4)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.allocate(1); err != nil {
+	if _, err := e.start(ids); err != nil {
 		t.Fatal(err)
 	}
 	gis := e.gis()
@@ -433,11 +503,41 @@ func TestInterruptedCreateIsRedone(t *testing.T) {
 	}
 }
 
-func TestHAMiCoreAllocate(t *testing.T) {
+// TestRebootRecreatesAtTheReservedPlacement: the node rebooted (every instance and CDI spec
+// gone) while the pod stayed bound; the container's next start makes its instance again at
+// the same placement and writes the new MIG UUID back.
+func TestRebootRecreatesAtTheReservedPlacement(t *testing.T) {
+	e := newEnv(t)
+	ids := e.admit(e.pod("p", pls(at(4, 4))), "c0", 1)
+	before, err := e.start(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, _ := e.mgr.List(e.gpu)
+	for _, in := range list {
+		if err := e.mgr.Destroy(e.ctx, e.gpu, in.GPUInstanceID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after, err := e.start(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after["NVIDIA_VISIBLE_DEVICES"] == before["NVIDIA_VISIBLE_DEVICES"] || len(e.gis()) != 1 || e.gis()[0].Placement != at(4, 4) {
+		t.Errorf("want a new instance at [4,8): %v → %v, %+v", before, after, e.gis())
+	}
+	recs, _ := api.DecodeMigReservations(e.get("p").Annotations[api.MigReservationsAnnotation])
+	if recs[0].MigUUID != after["NVIDIA_VISIBLE_DEVICES"] {
+		t.Errorf("the new UUID was not written back: %+v", recs)
+	}
+}
+
+func TestHAMiCorePreStart(t *testing.T) {
 	e := newEnv(t)
 	e.a.opts.HAMiCore = HAMiCoreOptions{HostDir: "/opt/hami", MemoryScaling: 1.5}
+	always := v1.ContainerRestartPolicyAlways
 	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "core", Namespace: "default", UID: "uid-core", Annotations: map[string]string{api.BindPhaseAnnotation: api.BindPhaseAllocating}},
-		Spec: v1.PodSpec{NodeName: node, InitContainers: []v1.Container{{Name: "init"}}, Containers: []v1.Container{
+		Spec: v1.PodSpec{NodeName: node, InitContainers: []v1.Container{{Name: "side", RestartPolicy: &always}}, Containers: []v1.Container{
 			{Name: "a", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("2")}}},
 			{Name: "b", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("1")}}},
 		}}}
@@ -447,33 +547,34 @@ func TestHAMiCoreAllocate(t *testing.T) {
 	p.Annotations[api.DevicesAllocatedAnnotation] = raw
 	p.Annotations[api.DevicesToAllocateAnnotation] = raw
 	e.create(p)
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: api.HandoffLeaseName(node), Namespace: api.DefaultSystemNamespace},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("default/core/uid-core")}}
-	e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Create(e.ctx, lease, metav1.CreateOptions{})
-	first, err := e.allocate(2)
+	b := e.admit(p, "b", 1)
+	a := e.admit(p, "a", 2)
+	first, err := e.start(a)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{"NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-2", "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m", "CUDA_DEVICE_MEMORY_LIMIT_1": "3000m",
 		"CUDA_DEVICE_SM_LIMIT": "30", "CUDA_OVERSUBSCRIBE": "true"}
 	for k, v := range want {
-		if first.Envs[k] != v {
-			t.Errorf("%s=%q, want %q", k, first.Envs[k], v)
+		if first[k] != v {
+			t.Errorf("%s=%q, want %q", k, first[k], v)
 		}
-	}
-	if len(first.Mounts) != 3 || first.Mounts[0].HostPath != "/opt/hami/libvgpu.so" {
-		t.Errorf("mounts: %+v", first.Mounts)
 	}
 	if got := e.get("core"); got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseAllocating {
 		t.Errorf("not done after the first container")
 	}
-	second, err := e.allocate(1)
-	if err != nil || second.Envs["NVIDIA_VISIBLE_DEVICES"] != "GPU-1" || second.Envs["CUDA_DEVICE_MEMORY_LIMIT_0"] != "1000m" {
+	second, err := e.start(b)
+	if err != nil || second["NVIDIA_VISIBLE_DEVICES"] != "GPU-1" || second["CUDA_DEVICE_MEMORY_LIMIT_0"] != "1000m" {
 		t.Fatalf("second container: %+v %v", second, err)
 	}
 	got := e.get("core")
 	if got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseSuccess || got.Annotations[api.DevicesToAllocateAnnotation] != ";;;" {
 		t.Errorf("after the last container: %v", got.Annotations)
+	}
+	// A restart of a gets the same shares and writes nothing.
+	patches := e.writes("patch", "pods")
+	if again, err := e.start(a); err != nil || again["NVIDIA_VISIBLE_DEVICES"] != "GPU-1,GPU-2" || e.writes("patch", "pods") != patches {
+		t.Errorf("restart: %v %v, %d patches", again, err, e.writes("patch", "pods")-patches)
 	}
 	if len(e.gis()) != 0 {
 		t.Errorf("hami-core creates no MIG instance")

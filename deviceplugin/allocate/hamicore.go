@@ -2,18 +2,17 @@ package allocate
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	specs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/deviceplugin/cdi"
 )
 
 // HAMiCoreOptions say where HAMi-core's library lives on the host and how memory is scaled.
@@ -27,43 +26,50 @@ type HAMiCoreOptions struct {
 // hamiCoreContainerDir is where the library is mounted in the container, as HAMi does.
 const hamiCoreContainerDir = "/usr/local/vgpu"
 
-// allocateHAMiCore hands the holder's next GPU container its hami-core shares: the GPUs in
-// NVIDIA_VISIBLE_DEVICES and HAMi-core's limits in the environment, consuming that
-// container's segment of hami.io/vgpu-devices-to-allocate as HAMi's device plugin does.
-func (a *Allocator) allocateHAMiCore(ctx context.Context, lease *coordinationv1.Lease, pod *v1.Pod, req *pluginapi.ContainerAllocateRequest) (*pluginapi.ContainerAllocateResponse, error) {
-	pending, err := api.DecodeHAMiCoreDevices(api.DevicesToAllocateAnnotation, pod.Annotations[api.DevicesToAllocateAnnotation])
+// preStartHAMiCore gives the container its hami-core shares: the GPUs in
+// NVIDIA_VISIBLE_DEVICES and HAMi-core's limits in the environment, from its segment of the
+// signed hami.io/vgpu-devices-allocated. As HAMi's device plugin does, it then empties the
+// container's segment of hami.io/vgpu-devices-to-allocate, and sets bind-phase success when
+// every segment is empty; a restart of the container writes nothing.
+func (a *Allocator) preStartHAMiCore(ctx context.Context, pod *v1.Pod, idx int, ids []string) (specs.ContainerEdits, error) {
+	assigned, err := api.DecodeHAMiCoreDevices(api.DevicesAllocatedAnnotation, pod.Annotations[api.DevicesAllocatedAnnotation])
 	if err != nil {
-		return nil, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		return specs.ContainerEdits{}, never(reasonTampered, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err))
 	}
-	gpuContainers := a.gpuContainers(pod)
-	next, last := -1, false
-	for k, c := range gpuContainers {
-		if c < len(pending) && len(pending[c]) > 0 {
-			next, last = c, k == len(gpuContainers)-1
+	var devs []api.HAMiCoreDevice
+	if idx < len(assigned) {
+		devs = assigned[idx]
+	}
+	if len(devs) != len(ids) {
+		return specs.ContainerEdits{}, never(reasonAttribution, fmt.Errorf("pod %s/%s container %d has %d hami-core shares but the kubelet gave it %d devices", pod.Namespace, pod.Name, idx, len(devs), len(ids)))
+	}
+	for attempt := 0; attempt < 5; attempt++ {
+		pending, err := api.DecodeHAMiCoreDevices(api.DevicesToAllocateAnnotation, pod.Annotations[api.DevicesToAllocateAnnotation])
+		if err != nil {
+			pending = nil // consumed by another writer, or absent: nothing left to consume
+		}
+		annotations := map[string]any{}
+		if idx < len(pending) && len(pending[idx]) > 0 {
+			pending[idx] = nil
+			annotations[api.DevicesToAllocateAnnotation] = api.EncodeHAMiCoreDevices(pending)
+		}
+		done := true
+		for _, seg := range pending {
+			done = done && len(seg) == 0
+		}
+		if done && pod.Annotations[api.BindPhaseAnnotation] != api.BindPhaseSuccess {
+			annotations[api.BindPhaseAnnotation] = api.BindPhaseSuccess
+		}
+		if len(annotations) == 0 {
 			break
 		}
+		if pod, err = a.patchAnnotations(ctx, pod, annotations); err == nil {
+			break
+		} else if !apierrors.IsConflict(err) || attempt == 4 {
+			return specs.ContainerEdits{}, because(reasonWriteBack, fmt.Errorf("consuming the hami-core assignment of pod %s/%s: %w", pod.Namespace, pod.Name, err))
+		}
 	}
-	if next < 0 {
-		return nil, fmt.Errorf("pod %s/%s: every GPU container already has its shares; this Allocate call belongs to no container of the hand-off holder", pod.Namespace, pod.Name)
-	}
-	devs := pending[next]
-	if len(devs) != len(req.DevicesIds) {
-		return nil, fmt.Errorf("pod %s/%s container %d has %d shares but kubelet asks for %d devices: refusing an Allocate that cannot be attributed", pod.Namespace, pod.Name, next, len(devs), len(req.DevicesIds))
-	}
-	resp := a.hamiCoreResponse(pod, next, devs)
-	pending[next] = nil
-	annotations := map[string]any{api.DevicesToAllocateAnnotation: api.EncodeHAMiCoreDevices(pending)}
-	if last {
-		annotations[api.BindPhaseAnnotation] = api.BindPhaseSuccess
-	}
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": pod.ResourceVersion, "annotations": annotations}})
-	if _, err := a.opts.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return nil, fmt.Errorf("consuming the hami-core assignment of pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
-	if last {
-		a.releaseLease(ctx, lease)
-	}
-	return resp, nil
+	return cdi.Edits(a.hamiCoreResponse(pod, idx, devs)), nil
 }
 
 // hamiCoreResponse is HAMi-core's contract with its library: per device its memory limit,

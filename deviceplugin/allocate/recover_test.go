@@ -39,8 +39,7 @@ func (e *env) restart(lose bool) {
 func (e *env) realise(name string, placements ...api.Placement) *v1.Pod {
 	e.t.Helper()
 	p := e.pod(name, placements)
-	e.handOff(p)
-	if _, err := e.allocate(len(placements)); err != nil {
+	if _, err := e.start(e.admit(p, "c0", len(placements))); err != nil {
 		e.t.Fatal(err)
 	}
 	return p
@@ -116,16 +115,15 @@ func TestRecoverWithLostCheckpointAdoptsNamedInstances(t *testing.T) {
 }
 
 // TestCrashBetweenCreateAndPatchIsRepaired: the instance was made and recorded, then the
-// plugin died before writing the pod; the restarted plugin adopts it and the next Allocate
+// plugin died before writing the pod; the restarted plugin adopts it and the kubelet's retry
 // writes the same identity instead of making another instance.
 func TestCrashBetweenCreateAndPatchIsRepaired(t *testing.T) {
 	e := newEnv(t)
-	p := e.pod("p", pls(at(0, 2)))
-	e.handOff(p)
+	ids := e.admit(e.pod("p", pls(at(0, 2))), "c0", 1)
 	e.client.PrependReactor("patch", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("plugin killed")
 	})
-	if _, err := e.allocate(1); err == nil {
+	if _, err := e.start(ids); err == nil {
 		t.Fatal("the write-back was supposed to fail")
 	}
 	e.client.ReactionChain = e.client.ReactionChain[1:]
@@ -135,7 +133,7 @@ func TestCrashBetweenCreateAndPatchIsRepaired(t *testing.T) {
 	if err != nil || len(rep.Adopted) != 1 {
 		t.Fatalf("recover: %+v %v", rep, err)
 	}
-	if _, err := e.allocate(1); err != nil {
+	if _, err := e.start(ids); err != nil {
 		t.Fatal(err)
 	}
 	recs, _ := api.DecodeMigReservations(e.get("p").Annotations[api.MigReservationsAnnotation])

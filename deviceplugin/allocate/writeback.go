@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -15,63 +15,98 @@ import (
 	"github.com/dynamig/dynamig/api"
 )
 
-// writeBack patches the runtime identity into the pod's reservation annotation, with the
-// resourceVersion it was read at as a precondition; after the last container it also sets
-// bind-phase success. A conflict is retried on a fresh read whose reservation must still
-// be the one realised.
-func (a *Allocator) writeBack(ctx context.Context, pod *v1.Pod, recs []api.MigReservation, last bool) error {
+// writeBack records the container's runtime identity in the pod's reservation annotation,
+// and bind-phase success once every reservation of the pod is realised. Nothing is written
+// when the pod already says so (a container restart that adopted its instances). The patch
+// carries the resourceVersion it was computed from; on a conflict (another container of the
+// pod wrote first) it is computed again on a fresh read.
+func (a *Allocator) writeBack(ctx context.Context, pod *v1.Pod, mine []made) error {
 	for attempt := 0; attempt < 5; attempt++ {
-		raw, err := api.EncodeMigReservations(recs)
+		recs, err := api.DecodeMigReservations(pod.Annotations[api.MigReservationsAnnotation])
 		if err != nil {
-			return err
+			return fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
-		annotations := map[string]any{api.MigReservationsAnnotation: raw}
-		if last {
+		changed, all := false, true
+		for i := range recs {
+			for _, in := range mine {
+				r := &recs[i]
+				if r.ContainerIndex == in.containerIndex && r.DeviceIndex == in.deviceIndex &&
+					(!r.Realized() || r.MigUUID != in.MigUUID || *r.GPUInstanceID != uint32(in.GPUInstanceID) || *r.ComputeInstanceID != uint32(in.ComputeInstanceID)) {
+					r.SetRuntime(in.MigUUID, uint32(in.GPUInstanceID), uint32(in.ComputeInstanceID))
+					changed = true
+				}
+			}
+			all = all && recs[i].Realized()
+		}
+		annotations := map[string]any{}
+		if changed {
+			raw, err := api.EncodeMigReservations(recs)
+			if err != nil {
+				return err
+			}
+			annotations[api.MigReservationsAnnotation] = raw
+		}
+		if all && pod.Annotations[api.BindPhaseAnnotation] != api.BindPhaseSuccess {
 			annotations[api.BindPhaseAnnotation] = api.BindPhaseSuccess
 		}
-		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": pod.ResourceVersion, "annotations": annotations}})
-		_, err = a.opts.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
-		if err == nil {
+		if len(annotations) == 0 {
 			return nil
 		}
-		if !apierrors.IsConflict(err) {
-			return fmt.Errorf("writing the runtime identity to pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		if pod, err = a.patchAnnotations(ctx, pod, annotations); err == nil || !apierrors.IsConflict(err) {
+			return err
 		}
-		fresh, err := a.opts.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return fmt.Errorf("re-reading pod %s/%s after a conflict: %w", pod.Namespace, pod.Name, err)
-		}
-		if fresh.UID != pod.UID {
-			return fmt.Errorf("pod %s/%s was replaced while allocating", pod.Namespace, pod.Name)
-		}
-		pod = fresh
 	}
 	return fmt.Errorf("writing the runtime identity to pod %s/%s: too many conflicts", pod.Namespace, pod.Name)
 }
 
-// failed marks the pod's bind phase failed with the reason, and releases the Lease so the
-// node's next pod is not held up.
-func (a *Allocator) failed(ctx context.Context, pod *v1.Pod, cause error) {
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{
-		api.BindPhaseAnnotation: api.BindPhaseFailed, bindFailureAnnotation: cause.Error(),
-	}}})
-	if _, err := a.opts.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		klog.FromContext(ctx).Error(err, "Marking the bind phase failed")
+// patchAnnotations patches the pod's annotations with its resourceVersion as a
+// precondition. On a conflict it returns the pod read afresh (the same pod: a new pod of
+// the same name is an error) with the conflict.
+func (a *Allocator) patchAnnotations(ctx context.Context, pod *v1.Pod, annotations map[string]any) (*v1.Pod, error) {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": pod.ResourceVersion, "annotations": annotations}})
+	_, err := a.opts.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err == nil {
+		return pod, nil
 	}
-	if lease, err := a.opts.Client.CoordinationV1().Leases(a.opts.LeaseNamespace).Get(ctx, api.HandoffLeaseName(a.opts.NodeName), metav1.GetOptions{}); err == nil {
-		a.releaseLease(ctx, lease)
+	if !apierrors.IsConflict(err) {
+		return pod, fmt.Errorf("writing to pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
+	fresh, gerr := a.opts.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	switch {
+	case gerr != nil:
+		return pod, fmt.Errorf("re-reading pod %s/%s after a conflict: %w", pod.Namespace, pod.Name, gerr)
+	case fresh.UID != pod.UID:
+		return pod, fmt.Errorf("pod %s/%s was replaced while its devices were prepared", pod.Namespace, pod.Name)
+	}
+	return fresh, err
 }
 
 // bindFailureAnnotation says why the device plugin gave up on a pod.
 const bindFailureAnnotation = "dynamig.io/bind-failure"
 
-// releaseLease clears the hand-off Lease's holder; the resourceVersion it was read at guards
-// against clearing a newer holder's hand-off.
-func (a *Allocator) releaseLease(ctx context.Context, lease *coordinationv1.Lease) {
-	l := lease.DeepCopy()
-	l.Spec.HolderIdentity = nil
-	if _, err := a.opts.Client.CoordinationV1().Leases(l.Namespace).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
-		klog.FromContext(ctx).Info("Hand-off Lease not released (a newer holder, or an API error)", "lease", klog.KObj(l), "err", err)
+// ReasonUnrealisable is the reason of the Warning event of a reservation that can never be
+// realised on its node.
+const ReasonUnrealisable = "ReservationNotRealisable"
+
+// fail gives up on a pod whose reservation can never be realised here: a Warning event
+// says why, bind-phase failed records it on the pod, and the pod is evicted (the Eviction
+// API, so disruption budgets hold) for its controller to recreate and the scheduler to
+// place elsewhere.
+func (a *Allocator) fail(ctx context.Context, pod *v1.Pod, cause error) {
+	logger := klog.FromContext(ctx)
+	logger.Error(cause, "Reservation cannot be realised; evicting the pod", "pod", klog.KObj(pod))
+	if a.opts.Recorder != nil {
+		a.opts.Recorder.Eventf(pod, v1.EventTypeWarning, ReasonUnrealisable, "Evicting: %v", cause)
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{
+		api.BindPhaseAnnotation: api.BindPhaseFailed, bindFailureAnnotation: cause.Error(),
+	}}})
+	if _, err := a.opts.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		logger.Error(err, "Marking the bind phase failed", "pod", klog.KObj(pod))
+	}
+	eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}}}
+	if err := a.opts.Client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, eviction); err != nil && !apierrors.IsNotFound(err) {
+		logger.Error(err, "Evicting the pod", "pod", klog.KObj(pod))
 	}
 }

@@ -1,6 +1,7 @@
 // Package daemon runs the device plugin on one node: it publishes the inventory, renews
-// the heartbeat, serves kubelet's device-plugin API with Allocate realising the scheduler's
-// MIG reservations, and reclaims the instances of pods that ended.
+// the heartbeat, serves kubelet's device-plugin API (Allocate answers CDI names,
+// PreStartContainer realises the scheduler's reservations and writes their CDI specs), and
+// reclaims the instances of pods that ended.
 package daemon
 
 import (
@@ -17,16 +18,21 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/deviceplugin/allocate"
+	"github.com/dynamig/dynamig/deviceplugin/cdi"
 	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
 	"github.com/dynamig/dynamig/deviceplugin/instances"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
+	"github.com/dynamig/dynamig/deviceplugin/podresources"
 	"github.com/dynamig/dynamig/deviceplugin/publish"
 	"github.com/dynamig/dynamig/deviceplugin/server"
 	"github.com/dynamig/dynamig/nvml"
@@ -41,6 +47,11 @@ type Options struct {
 	DeviceConfig   *config.DeviceConfig
 	SocketDir      string
 	CheckpointPath string // default <SocketDir>/dynamig.checkpoint
+	// PodResourcesSocket is the kubelet's PodResources API (default
+	// /var/lib/kubelet/pod-resources/kubelet.sock).
+	PodResourcesSocket string
+	// CDISpecDir is where the containers' CDI specs are written (default /var/run/cdi).
+	CDISpecDir     string
 	LeaseNamespace string
 	// Intervals; zero means the package defaults.
 	InventoryInterval, HeartbeatInterval, ReclaimInterval time.Duration
@@ -71,6 +82,12 @@ func Run(ctx context.Context, opts Options) error {
 	if opts.LeaseNamespace == "" {
 		opts.LeaseNamespace = api.DefaultSystemNamespace
 	}
+	if opts.PodResourcesSocket == "" {
+		opts.PodResourcesSocket = podresources.DefaultSocket
+	}
+	if opts.CDISpecDir == "" {
+		opts.CDISpecDir = cdi.DefaultSpecDir
+	}
 	opts.InventoryInterval = orDefault(opts.InventoryInterval, publish.DefaultInventoryInterval)
 	opts.HeartbeatInterval = orDefault(opts.HeartbeatInterval, publish.DefaultHeartbeatInterval)
 	opts.ReclaimInterval = orDefault(opts.ReclaimInterval, 30*time.Second)
@@ -92,9 +109,29 @@ func Run(ctx context.Context, opts Options) error {
 	if err := verifier.Start(ctx); err != nil {
 		return fmt.Errorf("following the reservation public keys: %w", err)
 	}
+	owners, err := podresources.Dial(opts.PodResourcesSocket)
+	if err != nil {
+		return err
+	}
+	defer owners.Close()
+	specDir, err := cdi.New(opts.CDISpecDir)
+	if err != nil {
+		return err
+	}
+	// One informer on this node's pods: PreStartContainer reads reservations from it, and
+	// reclaim is woken by pods that end.
+	factory := informers.NewSharedInformerFactoryWithOptions(opts.Client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", opts.NodeName).String()
+	}))
+	pods := factory.Core().V1().Pods()
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: opts.Client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "dynamig-device-plugin", Host: opts.NodeName})
 	alloc, err := allocate.New(allocate.Options{NodeName: opts.NodeName, Client: opts.Client, Names: opts.DeviceConfig.Nvidia.ResourceNames,
-		LeaseNamespace: opts.LeaseNamespace, Instances: mgr, Checkpoint: cp, Verifier: verifier, PreemptionWait: opts.PreemptionWait,
-		HAMiCore: allocate.HAMiCoreOptions{HostDir: opts.HAMiCoreHostDir, MemoryScaling: memoryScaling(opts.DeviceConfig, opts.NodeName)}})
+		Instances: mgr, Checkpoint: cp, Verifier: verifier, Owners: owners, Specs: specDir, Pods: pods.Lister(), Recorder: recorder,
+		PreemptionWait: opts.PreemptionWait,
+		HAMiCore:       allocate.HAMiCoreOptions{HostDir: opts.HAMiCoreHostDir, MemoryScaling: memoryScaling(opts.DeviceConfig, opts.NodeName)}})
 	if err != nil {
 		return err
 	}
@@ -111,7 +148,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	devs.set(res.GPUs)
 	srv, err := server.New(server.Options{ResourceName: opts.DeviceConfig.Nvidia.ResourceCountName, SocketDir: opts.SocketDir,
-		Devices: devs.get, Changed: devs.changed, Allocator: alloc})
+		Devices: devs.get, Changed: devs.changed, Allocator: alloc, PreStarter: alloc})
 	if err != nil {
 		return err
 	}
@@ -126,7 +163,7 @@ func Run(ctx context.Context, opts Options) error {
 		publishLoop(ctx, pub, devs, opts.InventoryInterval)
 	})
 	run(func() { heartbeat.Run(ctx, opts.HeartbeatInterval) })
-	run(func() { reclaimLoop(ctx, opts, alloc) })
+	run(func() { reclaimLoop(ctx, opts, alloc, factory, pods.Informer()) })
 	err = srv.Run(ctx)
 	wg.Wait()
 	return err
@@ -200,7 +237,7 @@ func publishLoop(ctx context.Context, pub *publish.Publisher, devs *deviceList, 
 // reclaimLoop reclaims instances of ended pods periodically and whenever a pod on this
 // node is deleted or ends, as an informer on this node's pods reports it (no full LIST
 // every few seconds).
-func reclaimLoop(ctx context.Context, opts Options, alloc *allocate.Allocator) {
+func reclaimLoop(ctx context.Context, opts Options, alloc *allocate.Allocator, factory informers.SharedInformerFactory, informer cache.SharedIndexInformer) {
 	logger := klog.FromContext(ctx)
 	kick := make(chan struct{}, 1)
 	poke := func() {
@@ -209,10 +246,6 @@ func reclaimLoop(ctx context.Context, opts Options, alloc *allocate.Allocator) {
 		default:
 		}
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(opts.Client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", opts.NodeName).String()
-	}))
-	informer := factory.Core().V1().Pods().Informer()
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(_, obj any) {
 			if p, ok := obj.(*v1.Pod); ok && (p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed) {

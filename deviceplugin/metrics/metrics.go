@@ -18,14 +18,14 @@ import (
 var Registry = prometheus.NewRegistry()
 
 var (
-	allocateDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: "dynamig", Subsystem: "device_plugin", Name: "allocate_duration_seconds",
-		Help:    "Time per container Allocate, by result (ok or the failure reason).",
+	preStartDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "dynamig", Subsystem: "device_plugin", Name: "prestart_duration_seconds",
+		Help:    "Time per PreStartContainer (a container's devices realised), by result (ok or the failure reason).",
 		Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
 	}, []string{"result"})
-	allocateErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "dynamig", Subsystem: "device_plugin", Name: "allocate_errors_total",
-		Help: "Refused or failed Allocate calls, by reason.",
+	preStartErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "dynamig", Subsystem: "device_plugin", Name: "prestart_errors_total",
+		Help: "Refused or failed PreStartContainer calls, by reason.",
 	}, []string{"reason"})
 	recoveryActions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "dynamig", Subsystem: "device_plugin", Name: "instance_actions_total",
@@ -52,7 +52,7 @@ type collector struct {
 var instanceCollector = &collector{sources: map[*Source]bool{}}
 
 func init() {
-	Registry.MustRegister(allocateDuration, allocateErrors, recoveryActions, instanceCollector)
+	Registry.MustRegister(preStartDuration, preStartErrors, recoveryActions, instanceCollector)
 }
 
 // AddSource makes the instance metric report a running plugin's state until remove.
@@ -103,15 +103,15 @@ func collectSource(ch chan<- prometheus.Metric, src *Source) {
 	}
 }
 
-// ObserveAllocate records one Allocate: reason "" is success.
-func ObserveAllocate(start time.Time, reason string) {
+// ObservePreStart records one PreStartContainer: reason "" is success.
+func ObservePreStart(start time.Time, reason string) {
 	result := reason
 	if reason == "" {
 		result = "ok"
 	} else {
-		allocateErrors.WithLabelValues(reason).Inc()
+		preStartErrors.WithLabelValues(reason).Inc()
 	}
-	allocateDuration.WithLabelValues(result).Observe(time.Since(start).Seconds())
+	preStartDuration.WithLabelValues(result).Observe(time.Since(start).Seconds())
 }
 
 // ObserveActions counts instance actions.

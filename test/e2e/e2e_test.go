@@ -1,11 +1,13 @@
 // Package e2e runs dynamig's end-to-end suites on the in-process sandbox cluster: the real
 // kube-apiserver with the shipped admission policies, the real dynamig-scheduler, and per
-// node the real device plugin on simulated GPUs with a kubelet stand-in. Each suite asserts
-// on API objects and on the simulated NVML state (read through the device plugins).
+// node the real kubelet (on a fake CRI runtime that resolves CDI devices) with the real
+// device plugin on simulated GPUs. Each suite asserts on API objects, on what each
+// container's resolved CDI environment holds, and on the simulated NVML state.
 package e2e
 
 import (
 	"context"
+	"crypto/ed25519"
 	"flag"
 	"fmt"
 	"os"
@@ -15,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -415,40 +416,122 @@ func TestModeRouting(t *testing.T) {
 	}
 }
 
-// TestNodeRestarts: the device plugin restarts (and adopts its instances), or the real
-// kubelet restarts (deleting every socket in the device-plugin directory, so the plugin
-// registers again); either way running pods keep their containers and instances, and a pod
-// created after it runs beside them.
+// TestNodeRestarts: the device plugin restarts (and adopts its instances), the real kubelet
+// restarts (deleting every socket in the device-plugin directory, so the plugin registers
+// again; running containers are left alone and no Allocate is made), or the container
+// restarts (PreStartContainer adopts the same instance): the pod keeps its instances and
+// sees the same MIG UUIDs, and a pod created after it runs beside it. A reboot loses every
+// instance and CDI spec while the pod stays bound: its container comes back with instances
+// re-created at the reserved placements, their new UUIDs written back and seen.
 func TestNodeRestarts(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		restart func(w *world) error
+		name     string
+		restart  func(w *world) error
+		restarts int32 // of the container, after
+		newUUIDs bool
 	}{
-		{"device plugin", func(w *world) error { return w.sb.RestartDevicePlugin(w.ctx, "n") }},
-		{"kubelet", func(w *world) error { return w.sb.RestartKubelet(w.ctx, "n") }},
+		{"device plugin", func(w *world) error { return w.sb.RestartDevicePlugin(w.ctx, "n") }, 0, false},
+		{"kubelet", func(w *world) error { return w.sb.RestartKubelet(w.ctx, "n") }, 0, false},
+		{"container", func(w *world) error { return w.sb.FinishPod(w.ctx, "default", "a", false) }, 1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := start(t, mig("n", "A100-40GB"))
 			w.create(pod("a", "mig", 2, 9000))
 			recs := w.running("a")
 			before := w.instances("n")
+			uid := w.get("a").UID
+			first, _ := w.sb.Container("n", uid, "main")
 			if err := tc.restart(w); err != nil {
 				t.Fatal(err)
 			}
-			if p := w.get("a"); p.Status.Phase != v1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 {
-				t.Errorf("a after the restart: %s, restarts %d", p.Status.Phase, p.Status.ContainerStatuses[0].RestartCount)
+			if tc.restarts > 0 {
+				w.waitFor("a's container restarted", 60*time.Second, func() (bool, string) {
+					p := w.get("a")
+					return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount == tc.restarts && p.Status.ContainerStatuses[0].State.Running != nil,
+						fmt.Sprintf("%+v", p.Status.ContainerStatuses)
+				})
 			}
-			after := w.instances("n")
-			if len(after["a"]) != 2 || after["a"][0] != before["a"][0] || after["a"][1] != before["a"][1] {
-				t.Errorf("instances changed across the restart: %v → %v", before, after)
+			if tc.newUUIDs {
+				w.waitFor("a's container created again", 90*time.Second, func() (bool, string) {
+					c, ok := w.sb.Container("n", uid, "main")
+					return ok && c.ID != first.ID, "the runtime has not created it yet"
+				})
+			}
+			after := w.running("a")
+			if p := w.get("a"); tc.restarts == 0 && p.Status.ContainerStatuses[0].RestartCount != 0 {
+				t.Errorf("a restarted %d times", p.Status.ContainerStatuses[0].RestartCount)
+			}
+			hw := w.instances("n")
+			w.sameHardware("n", after)
+			w.seesOwnDevices("a", "main", after["a"])
+			for i := range recs["a"] {
+				old, now := recs["a"][i], after["a"][i]
+				if old.Placement != now.Placement || old.GPUUUID != now.GPUUUID {
+					t.Errorf("device %d moved: %s → %s", i, old.Placement, now.Placement)
+				}
+				if changed := old.MigUUID != now.MigUUID; changed != tc.newUUIDs {
+					t.Errorf("device %d: MIG UUID %s → %s (want changed: %v)", i, old.MigUUID, now.MigUUID, tc.newUUIDs)
+				}
+			}
+			if !tc.newUUIDs && (len(hw["a"]) != 2 || hw["a"][0] != before["a"][0] || hw["a"][1] != before["a"][1]) {
+				t.Errorf("instances changed: %v → %v", before, hw)
+			}
+			if c, _ := w.sb.Container("n", uid, "main"); tc.restarts == 0 && !tc.newUUIDs && c.ID != first.ID {
+				t.Errorf("the container was created again (%s → %s)", first.ID, c.ID)
 			}
 			w.create(pod("b", "mig", 1, 4000))
 			got := w.running("b")
-			got["a"] = recs["a"]
+			got["a"] = after["a"]
 			noOverlap(t, got)
 			w.sameHardware("n", got)
 		})
 	}
+}
+
+// TestInFlightBindingLoses is the review's scenario without a Lease: a Binding from a
+// previous scheduler instance (signed with the same key) lands after the new scheduler
+// gave the same placement to a pod that already runs. Never two live instances on one
+// placement: the late pod's PreStartContainer finds the placement held by a running pod,
+// fails it with the reason and evicts it; the winner is untouched. Recreated, as its
+// controller would, the loser is placed and runs beside the winner.
+func TestInFlightBindingLoses(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB"))
+	w.create(pod("winner", "mig", 1, 9000))
+	won := w.running("winner")["winner"][0]
+	key := w.schedulerKey()
+	loser := pod("loser", "mig", 1, 9000)
+	loser.Spec.SchedulerName = "nobody" // bound below, as the old scheduler's Binding
+	w.create(loser)
+	created := w.get("loser")
+	annotations := map[string]string{
+		api.MigReservationsAnnotation: fmt.Sprintf(`[{"containerIndex":0,"deviceIndex":0,"gpuUUID":%q,"profile":%q,"placement":{"start":%d,"size":%d}}]`,
+			won.GPUUUID, won.Profile, won.Placement.Start, won.Placement.Size),
+		api.BindPhaseAnnotation: api.BindPhaseAllocating,
+	}
+	if err := api.SignReservation(key, string(created.UID), "n", annotations); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.c.CoreV1().Pods("default").Bind(w.ctx, &v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: "loser", Namespace: "default", UID: created.UID, Annotations: annotations},
+		Target:     v1.ObjectReference{Kind: "Node", Name: "n"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.evictedBecause("loser", created.UID, "double-book")
+	after := w.running("winner")
+	if after["winner"][0].MigUUID != won.MigUUID || w.get("winner").Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Errorf("the winner was touched: %+v → %+v", won, after["winner"][0])
+	}
+	w.seesOwnDevices("winner", "main", after["winner"])
+	w.waitFor("the evicted loser gone", 60*time.Second, func() (bool, string) {
+		_, err := w.c.CoreV1().Pods("default").Get(w.ctx, "loser", metav1.GetOptions{})
+		return err != nil, fmt.Sprint(err)
+	})
+	w.create(pod("loser", "mig", 1, 9000))
+	recs := w.running("winner", "loser")
+	noOverlap(t, recs)
+	w.sameHardware("n", recs)
+	w.seesOwnDevices("loser", "main", recs["loser"])
 }
 
 func TestSchedulerRestartNoDoubleBooking(t *testing.T) {
@@ -492,7 +575,10 @@ func TestAdmissionPolicies(t *testing.T) {
 // gives GPU pods that name no scheduler (or default-scheduler) dynamig-scheduler, init
 // containers included, and nothing else; pods and namespaces labelled hami.io/webhook:
 // ignore are left alone (and so meet the validating policy), and a pod naming another
-// scheduler is refused with the message that says what to do.
+// scheduler is refused with the message that says what to do. The init-container rule: a
+// GPU on a plain init container is refused at scheduling with what to do instead (the
+// kubelet neither lists plain init containers in PodResources nor keeps their devices
+// apart from the app containers'), and the sidecar form of the same pod runs.
 func TestWebhook(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
 	optOut := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "opted-out", Labels: map[string]string{"hami.io/webhook": "ignore"}}}
@@ -510,6 +596,9 @@ func TestWebhook(t *testing.T) {
 	initOnly.Spec.InitContainers = initOnly.Spec.Containers
 	initOnly.Spec.InitContainers[0].Name = "init"
 	initOnly.Spec.Containers = []v1.Container{{Name: "main", Image: "busybox"}}
+	sidecarOnly := initOnly.DeepCopy()
+	sidecarOnly.Name = "sidecar-only"
+	sidecarOnly.Spec.InitContainers[0].RestartPolicy = ptr.To(v1.ContainerRestartPolicyAlways)
 	cpu := unnamed("cpu", "default")
 	cpu.Spec.Containers[0].Resources = v1.ResourceRequirements{}
 	labelled := unnamed("labelled", "default")
@@ -525,6 +614,7 @@ func TestWebhook(t *testing.T) {
 		{unnamed("unnamed", "default"), api.DefaultSchedulerName, ""},
 		{defaultNamed, api.DefaultSchedulerName, ""},
 		{initOnly, api.DefaultSchedulerName, ""},
+		{sidecarOnly, api.DefaultSchedulerName, ""},
 		{cpu, "default-scheduler", ""},
 		{unnamed("in-opted-out-namespace", optOut.Name), "", refused},
 		{labelled, "", refused},
@@ -541,8 +631,12 @@ func TestWebhook(t *testing.T) {
 		}
 	}
 	// The mutated pods run: dynamig-scheduler placed them and the device plugin realised them.
-	recs := w.running("unnamed", "default-named", "init-only")
+	recs := w.running("unnamed", "default-named", "sidecar-only")
 	noOverlap(t, recs)
+	w.seesOwnDevices("sidecar-only", "init", recs["sidecar-only"])
+	if msg := w.pending("init-only"); !strings.Contains(msg, `init container "init" requests nvidia.com/gpu`) || !strings.Contains(msg, "move the GPU request to a sidecar or the main container") {
+		t.Errorf("init-only: %q, want the init-container rule with what to do", msg)
+	}
 	// cert-controller made the serving certificate and injected its CA.
 	cfg, err := w.c.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(w.ctx, "dynamig-webhook", metav1.GetOptions{})
 	if err != nil || len(cfg.Webhooks) != 1 || len(cfg.Webhooks[0].ClientConfig.CABundle) == 0 {
@@ -554,11 +648,12 @@ func TestWebhook(t *testing.T) {
 	}
 }
 
-// TestForgedBindingGetsNoInstance: with the admission policies removed (an operator's
-// mistake) and even the node's hand-off Lease forged, a pod bound directly with a reservation
-// dynamig-scheduler did not sign gets no instance: the device plugin verifies the signature
-// before creating anything, refuses, and kubelet fails the pod with the reason.
-func TestForgedBindingGetsNoInstance(t *testing.T) {
+// TestUnsignedOrTamperedReservationsGetNoInstance: with the admission policies removed (an
+// operator's mistake), a pod bound directly with a reservation dynamig-scheduler did not
+// sign, signed with another key, or signed and then changed gets no instance: the device
+// plugin verifies the signature at PreStartContainer before creating anything, says why in
+// a Warning event and on the pod, and evicts it; the container is never created.
+func TestUnsignedOrTamperedReservationsGetNoInstance(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
 	if err := w.c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().DeleteCollection(w.ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
@@ -568,6 +663,7 @@ func TestForgedBindingGetsNoInstance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	schedulerKey := w.schedulerKey()
 	for i, tc := range []struct {
 		name    string
 		sign    func(uid types.UID, a map[string]string)
@@ -575,6 +671,11 @@ func TestForgedBindingGetsNoInstance(t *testing.T) {
 	}{
 		{"unsigned", func(types.UID, map[string]string) {}, "carries no " + api.ReservationSignatureAnnotation},
 		{"wrong-key", func(uid types.UID, a map[string]string) { _ = api.SignReservation(otherKey, string(uid), "n", a) }, "which is not in ConfigMap"},
+		{"tampered", func(uid types.UID, a map[string]string) {
+			_ = api.SignReservation(schedulerKey, string(uid), "n", a)
+			a[api.MigReservationsAnnotation] = strings.Replace(a[api.MigReservationsAnnotation], `"1g.5gb"`, `"7g.40gb"`, 1)
+			a[api.MigReservationsAnnotation] = strings.Replace(a[api.MigReservationsAnnotation], `"size":1`, `"size":8`, 1)
+		}, "does not match its reservation"},
 	} {
 		p := pod(tc.name, "mig", 1, 4000)
 		p.Spec.SchedulerName = "nobody" // no scheduler binds it
@@ -588,42 +689,60 @@ func TestForgedBindingGetsNoInstance(t *testing.T) {
 			api.BindPhaseAnnotation:       api.BindPhaseAllocating,
 		}
 		tc.sign(created.UID, annotations)
-		w.forgeHandoff("n", created)
 		if err := w.c.CoreV1().Pods("default").Bind(w.ctx, &v1.Binding{
 			ObjectMeta: metav1.ObjectMeta{Name: tc.name, Namespace: "default", UID: created.UID, Annotations: annotations},
 			Target:     v1.ObjectReference{Kind: "Node", Name: "n"},
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		w.waitFor("kubelet to fail the forged pod", 30*time.Second, func() (bool, string) {
-			got := w.get(tc.name)
-			return got.Status.Phase == v1.PodFailed, string(got.Status.Phase)
-		})
-		if got := w.get(tc.name); !strings.Contains(got.Status.Message, tc.wantMsg) || got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseFailed {
-			t.Errorf("%s: the refusal should say why: %q (bind-phase %q)", tc.name, got.Status.Message, got.Annotations[api.BindPhaseAnnotation])
-		}
+		w.evictedBecause(tc.name, created.UID, tc.wantMsg)
 		if hw := w.instances("n"); len(hw) != 0 {
-			t.Errorf("%s: a forged reservation got instances: %v", tc.name, hw)
+			t.Errorf("%s: a refused reservation got instances: %v", tc.name, hw)
+		}
+		if _, ok := w.sb.Container("n", created.UID, "main"); ok {
+			t.Errorf("%s: the container was created", tc.name)
 		}
 	}
 }
 
-// forgeHandoff writes the node's hand-off Lease for the pod, as a compromised component could.
-func (w *world) forgeHandoff(node string, p *v1.Pod) {
+// schedulerKey reads the scheduler's reservation signing key from its Secret.
+func (w *world) schedulerKey() ed25519.PrivateKey {
 	w.t.Helper()
-	leases := w.c.CoordinationV1().Leases(api.DefaultSystemNamespace)
-	holder := ptr.To(api.HandoffHolder(p.Namespace, p.Name, string(p.UID)))
-	l, err := leases.Get(w.ctx, api.HandoffLeaseName(node), metav1.GetOptions{})
-	if err == nil {
-		l.Spec.HolderIdentity = holder
-		_, err = leases.Update(w.ctx, l, metav1.UpdateOptions{})
-	} else {
-		_, err = leases.Create(w.ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: api.HandoffLeaseName(node), Namespace: api.DefaultSystemNamespace},
-			Spec: coordinationv1.LeaseSpec{HolderIdentity: holder}}, metav1.CreateOptions{})
-	}
-	if err != nil {
-		w.t.Fatal(err)
-	}
+	var key ed25519.PrivateKey
+	w.waitFor("the scheduler's signing key", 30*time.Second, func() (bool, string) {
+		k, err := signing.LoadSigningKey(w.ctx, w.c, api.DefaultSigningKeyNamespace, api.DefaultSystemNamespace, false)
+		key = k
+		return err == nil, fmt.Sprint(err)
+	})
+	return key
+}
+
+// evictedBecause waits for the device plugin's Warning event on the pod (of that UID)
+// saying why its reservation cannot be realised, and for the pod's eviction.
+func (w *world) evictedBecause(name string, uid types.UID, why string) {
+	w.t.Helper()
+	w.waitFor(name+" evicted with the reason", 60*time.Second, func() (bool, string) {
+		evs, err := w.c.CoreV1().Events("default").List(w.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+		if err != nil {
+			return false, err.Error()
+		}
+		said := false
+		var seen []string
+		for _, e := range evs.Items {
+			seen = append(seen, e.Reason+": "+e.Message)
+			if e.InvolvedObject.UID == uid && e.Type == v1.EventTypeWarning && e.Reason == "ReservationNotRealisable" && strings.Contains(e.Message, why) {
+				said = true
+			}
+		}
+		if !said {
+			return false, fmt.Sprintf("no Warning ReservationNotRealisable saying %q; events: %v", why, seen)
+		}
+		p, err := w.c.CoreV1().Pods("default").Get(w.ctx, name, metav1.GetOptions{})
+		if err == nil && p.UID == uid && p.DeletionTimestamp == nil {
+			return false, "not evicted yet"
+		}
+		return true, ""
+	})
 }
 
 func TestManyPodsAcrossNodes(t *testing.T) {
@@ -677,3 +796,4 @@ func TestManyPodsAcrossNodes(t *testing.T) {
 		})
 	}
 }
+

@@ -166,3 +166,13 @@ func (r *Runtime) Exit(pod types.UID, container string, code int32) error {
 	fc.State, fc.ExitCode, fc.FinishedAt = runtimeapi.ContainerState_CONTAINER_EXITED, code, time.Now().UnixNano()
 	return nil
 }
+
+// Reboot forgets every pod sandbox and container, as the runtime of a rebooted host has
+// none: the kubelet that starts next creates them again. What was created stays recorded
+// (Created, Latest).
+func (r *Runtime) Reboot() {
+	r.RuntimeService.Lock()
+	defer r.RuntimeService.Unlock()
+	clear(r.RuntimeService.Containers)
+	clear(r.RuntimeService.Sandboxes)
+}

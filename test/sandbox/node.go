@@ -150,6 +150,7 @@ func (n *node) completeInitContainers() error {
 func (n *node) startDevicePlugin() {
 	args := []string{"run", "--nvml=sim", "--sim-gpus=" + strings.Join(n.cfg.GPUs, ","), "--node-name=" + n.cfg.Name,
 		"--kubeconfig=" + n.dpKubeconfig, "--kubelet-socket-dir=" + n.kubelet.DevicePluginDir, "--metrics-bind-address=" + n.metricsAddr,
+		"--pod-resources-socket=" + n.kubelet.PodResourcesSocket, "--cdi-spec-dir=" + n.kubelet.CDIDir,
 		"--config=" + n.s.deviceConfig}
 	ctx, cancel := context.WithCancel(n.s.ctx)
 	done := make(chan struct{})
@@ -196,6 +197,12 @@ func (n *node) restartKubelet(ctx context.Context) error {
 	if err := n.kubelet.RestartKubelet(); err != nil {
 		return err
 	}
+	return n.waitReadySince(ctx, restarted)
+}
+
+// waitReadySince waits for the Node to be Ready by a heartbeat after since, with the
+// device plugin's devices advertised.
+func (n *node) waitReadySince(ctx context.Context, since time.Time) error {
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		if exited, err := n.kubelet.Exited(); exited {
 			return false, fmt.Errorf("the kubelet exited (%v): %s", err, tail(n.kubeletOut.String(), 4000))
@@ -205,13 +212,46 @@ func (n *node) restartKubelet(ctx context.Context) error {
 			return false, nil
 		}
 		q := node.Status.Allocatable[v1.ResourceName(n.resource)]
-		ready, _ := kubeletnode.Ready(node, restarted)
+		ready, _ := kubeletnode.Ready(node, since)
 		return ready && q.Value() > 0, nil
 	})
 	if err != nil {
-		return fmt.Errorf("node %s: not Ready with its devices after the kubelet restart: %w", n.cfg.Name, err)
+		return fmt.Errorf("node %s: not Ready with its devices after the kubelet started: %w", n.cfg.Name, err)
 	}
 	return nil
+}
+
+// reboot is RebootNode.
+func (n *node) reboot(ctx context.Context) error {
+	n.mu.Lock()
+	cancel, done := n.dpCancel, n.dpDone
+	n.mu.Unlock()
+	cancel()
+	<-done
+	n.kubelet.StopKubelet()
+	for _, g := range n.gpus.Snapshot() {
+		for _, gi := range g.GpuInstances {
+			if err := n.gpus.LoseGpuInstance(g.Index, gi.ID); err != nil {
+				return err
+			}
+		}
+	}
+	specs, err := os.ReadDir(n.kubelet.CDIDir)
+	if err != nil {
+		return err
+	}
+	for _, f := range specs {
+		if err := os.RemoveAll(filepath.Join(n.kubelet.CDIDir, f.Name())); err != nil {
+			return err
+		}
+	}
+	n.kubelet.Runtime.Reboot()
+	restarted := time.Now()
+	if err := n.kubelet.RestartKubelet(); err != nil {
+		return err
+	}
+	n.startDevicePlugin()
+	return n.waitReadySince(ctx, restarted)
 }
 
 // waitAllocatable waits until the Node's allocatable count of the resource satisfies ok.

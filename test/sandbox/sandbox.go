@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.yaml.in/yaml/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -241,22 +242,28 @@ func (s *Sandbox) RestartDevicePlugin(ctx context.Context, node string) error {
 }
 
 // ContainerEnv is the environment the runtime resolved for the newest container of that
-// name in the pod (the kubelet's variables, the device plugin's Allocate answer and the CDI
-// specs' edits): what the process would see.
+// name in the pod (the kubelet's variables and the CDI specs' edits): what the process
+// would see.
 func (s *Sandbox) ContainerEnv(ctx context.Context, namespace, pod, container string) (map[string]string, error) {
 	p, err := s.admin.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
-	n := s.node(p.Spec.NodeName)
-	if n == nil {
-		return nil, fmt.Errorf("pod %s/%s is not bound to a sandbox node (nodeName %q)", namespace, pod, p.Spec.NodeName)
-	}
-	c, ok := n.kubelet.Runtime.Latest(p.UID, container)
+	c, ok := s.Container(p.Spec.NodeName, p.UID, container)
 	if !ok {
-		return nil, fmt.Errorf("no container %s of pod %s/%s was created on node %s", container, namespace, pod, n.cfg.Name)
+		return nil, fmt.Errorf("no container %s of pod %s/%s was created on node %q", container, namespace, pod, p.Spec.NodeName)
 	}
 	return c.Env, nil
+}
+
+// Container is the newest container the node's runtime created for the pod's container:
+// its CDI devices, resolved environment and attempt.
+func (s *Sandbox) Container(node string, pod types.UID, container string) (kubeletnode.Container, bool) {
+	n := s.node(node)
+	if n == nil {
+		return kubeletnode.Container{}, false
+	}
+	return n.kubelet.Runtime.Latest(pod, container)
 }
 
 // RestartKubelet stops node's kubelet and starts it again on the same directories and
@@ -269,6 +276,19 @@ func (s *Sandbox) RestartKubelet(ctx context.Context, node string) error {
 		return fmt.Errorf("no sandbox node %q", node)
 	}
 	return n.restartKubelet(ctx)
+}
+
+// RebootNode simulates a reboot of node while its pods stay bound: the kubelet and the
+// device plugin stop, every MIG instance is lost (instances do not survive a reboot), the
+// volatile CDI spec directory is emptied and the runtime forgets its sandboxes and
+// containers; then the kubelet and the device plugin start again, and it waits until the
+// Node is Ready with its devices. The pods' containers come back as the kubelet starts them.
+func (s *Sandbox) RebootNode(ctx context.Context, node string) error {
+	n := s.node(node)
+	if n == nil {
+		return fmt.Errorf("no sandbox node %q", node)
+	}
+	return n.reboot(ctx)
 }
 
 // RestartScheduler stops the scheduler and starts a new one, with an empty cache.

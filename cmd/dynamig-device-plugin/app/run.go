@@ -20,8 +20,10 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/deviceplugin/cdi"
 	"github.com/dynamig/dynamig/deviceplugin/daemon"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
+	"github.com/dynamig/dynamig/deviceplugin/podresources"
 )
 
 type runOptions struct {
@@ -31,6 +33,8 @@ type runOptions struct {
 	kubeconfig     string
 	socketDir      string
 	checkpoint     string
+	podResources   string
+	cdiSpecDir     string
 	leaseNamespace string
 	reclaimUnknown bool
 	hamiCoreDir    string
@@ -44,8 +48,10 @@ func newRunCommand(opts *options) *cobra.Command {
 		Use:   "run",
 		Short: "Run the device plugin on this node until SIGINT or SIGTERM",
 		Long: `Publishes the node's GPU inventory, renews its heartbeat Lease, registers ` + api.ResourceCount + ` with
-kubelet, realises the scheduler's MIG reservations when kubelet calls Allocate, and reclaims the
-instances of pods that ended.`,
+kubelet, and reclaims the instances of pods that ended. Allocate answers CDI device names; before
+each container starts (PreStartContainer) it asks the kubelet's PodResources API whose devices they
+are, checks that pod's signed reservation, creates or adopts its MIG instance and writes the CDI
+spec the container runtime resolves the names against.`,
 		Example: `  dynamig-device-plugin run --node-name "$NODE_NAME" --config /etc/dynamig/device-config.yaml
   dynamig-device-plugin run --nvml=sim --sim-gpus=A100-40GB:2 --kubeconfig kubeconfig --kubelet-socket-dir /tmp/dp --node-name n1`,
 		Args: usageArgs(cobra.NoArgs),
@@ -59,7 +65,9 @@ instances of pods that ended.`,
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; default: the in-cluster configuration")
 	f.StringVar(&o.socketDir, "kubelet-socket-dir", pluginapi.DevicePluginPath, "kubelet's device-plugin socket directory")
 	f.StringVar(&o.checkpoint, "checkpoint", "", "the plugin's checkpoint file (default: dynamig.checkpoint in --kubelet-socket-dir)")
-	f.StringVar(&o.leaseNamespace, "lease-namespace", api.DefaultSystemNamespace, "namespace of the hand-off and heartbeat Leases")
+	f.StringVar(&o.podResources, "pod-resources-socket", podresources.DefaultSocket, "the kubelet's PodResources API socket")
+	f.StringVar(&o.cdiSpecDir, "cdi-spec-dir", cdi.DefaultSpecDir, "where the containers' CDI specs are written (the runtime's CDI spec directory)")
+	f.StringVar(&o.leaseNamespace, "lease-namespace", api.DefaultSystemNamespace, "namespace of the heartbeat Leases and the reservation public keys")
 	f.StringVar(&o.hamiCoreDir, "hami-core-host-dir", "/usr/local/vgpu", "host directory with HAMi-core's libvgpu.so and ld.so.preload, mounted into hami-core containers")
 	f.StringVar(&o.metricsAddress, "metrics-bind-address", ":9394", "where to serve /metrics (empty: nowhere)")
 	f.BoolVar(&o.enableMIGMode, "enable-mig-mode", false, "turn MIG mode on for GPUs of a mig node that have it off (it may need a GPU reset, which the plugin never does)")
@@ -112,7 +120,7 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 		logger.Info("Device config warning", "warning", w)
 	}
 	return daemon.Run(ctx, daemon.Options{NodeName: o.nodeName, Client: client, NVML: lib, DeviceConfig: cfg,
-		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown, HAMiCoreHostDir: o.hamiCoreDir, EnableMIGMode: o.enableMIGMode})
+		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, PodResourcesSocket: o.podResources, CDISpecDir: o.cdiSpecDir, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown, HAMiCoreHostDir: o.hamiCoreDir, EnableMIGMode: o.enableMIGMode})
 }
 
 func (o *runOptions) restConfig() (*rest.Config, error) {
