@@ -796,4 +796,3 @@ func TestManyPodsAcrossNodes(t *testing.T) {
 		})
 	}
 }
-
