@@ -501,7 +501,15 @@ func TestInFlightBindingLoses(t *testing.T) {
 	key := w.schedulerKey()
 	loser := pod("loser", "mig", 1, 9000)
 	loser.Spec.SchedulerName = "nobody" // bound below, as the old scheduler's Binding
-	w.create(loser)
+	// The admission policies let only dynamig-scheduler write a Binding with a reservation;
+	// the test writes the old scheduler's, so they are lifted (the signature still holds).
+	if err := w.c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().DeleteCollection(w.ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("loser created", 30*time.Second, func() (bool, string) {
+		_, err := w.c.CoreV1().Pods("default").Create(w.ctx, loser, metav1.CreateOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
 	created := w.get("loser")
 	annotations := map[string]string{
 		api.MigReservationsAnnotation: fmt.Sprintf(`[{"containerIndex":0,"deviceIndex":0,"gpuUUID":%q,"profile":%q,"placement":{"start":%d,"size":%d}}]`,
