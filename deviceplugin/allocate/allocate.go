@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -54,6 +53,9 @@ type Options struct {
 	Owners OwnerFinder
 	// Specs writes the CDI specs of the device IDs.
 	Specs *cdi.Specs
+	// DeviceEdits says what a container gets for its devices' UUIDs (default cdi.EnvOnly:
+	// NVIDIA_VISIBLE_DEVICES only).
+	DeviceEdits cdi.DeviceEdits
 	// Pods, if set, is an informer's view of this node's pods, read before the API server.
 	Pods corelisters.PodLister
 	// Recorder, if set, receives the Warning events of reservations that cannot be realised.
@@ -89,6 +91,9 @@ func New(opts Options) (*Allocator, error) {
 	}
 	if opts.Poll == 0 {
 		opts.Poll = 250 * time.Millisecond
+	}
+	if opts.DeviceEdits == nil {
+		opts.DeviceEdits = cdi.EnvOnly{}
 	}
 	return &Allocator{opts: opts}, nil
 }
@@ -232,7 +237,8 @@ func containerIndex(p *v1.Pod, name string) (int, bool) {
 
 // writeSpecs writes one CDI spec per device ID, each with the container's whole edits: the
 // CDI library applies equal edits idempotently (an environment variable, mount or device
-// node of the same name replaces the earlier one), and a spec must not be empty.
+// node of the same name replaces the earlier one; nvcdi's hooks may run once per device ID
+// and are idempotent), and a spec must not be empty.
 func (a *Allocator) writeSpecs(ids []string, edits specs.ContainerEdits) error {
 	for _, id := range ids {
 		if err := a.opts.Specs.Write(a.opts.NodeName, id, edits); err != nil {
@@ -263,7 +269,11 @@ func (a *Allocator) preStartMIG(ctx context.Context, pod *v1.Pod, idx int, ids [
 	for i, in := range made {
 		uuids[i] = in.MigUUID
 	}
-	return specs.ContainerEdits{Env: []string{"NVIDIA_VISIBLE_DEVICES=" + strings.Join(uuids, ",")}}, nil
+	edits, err := a.opts.DeviceEdits.Edits(uuids)
+	if err != nil {
+		return specs.ContainerEdits{}, because(reasonSpec, err)
+	}
+	return edits, nil
 }
 
 func hasReservation(p *v1.Pod) bool {

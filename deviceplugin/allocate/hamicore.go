@@ -26,8 +26,8 @@ type HAMiCoreOptions struct {
 // hamiCoreContainerDir is where the library is mounted in the container, as HAMi does.
 const hamiCoreContainerDir = "/usr/local/vgpu"
 
-// preStartHAMiCore gives the container its hami-core shares: the GPUs in
-// NVIDIA_VISIBLE_DEVICES and HAMi-core's limits in the environment, from its segment of the
+// preStartHAMiCore gives the container its hami-core shares: the GPUs (what DeviceEdits
+// gives for their UUIDs) and HAMi-core's library and limits, from its segment of the
 // signed hami.io/vgpu-devices-allocated. As HAMi's device plugin does, it then empties the
 // container's segment of hami.io/vgpu-devices-to-allocate, and sets bind-phase success when
 // every segment is empty; a restart of the container writes nothing.
@@ -42,6 +42,14 @@ func (a *Allocator) preStartHAMiCore(ctx context.Context, pod *v1.Pod, idx int, 
 	}
 	if len(devs) != len(ids) {
 		return specs.ContainerEdits{}, never(reasonAttribution, fmt.Errorf("pod %s/%s container %d has %d hami-core shares but the kubelet gave it %d devices", pod.Namespace, pod.Name, idx, len(devs), len(ids)))
+	}
+	uuids := make([]string, len(devs))
+	for i, d := range devs {
+		uuids[i] = d.UUID
+	}
+	gpus, err := a.opts.DeviceEdits.Edits(uuids)
+	if err != nil {
+		return specs.ContainerEdits{}, because(reasonSpec, err)
 	}
 	for attempt := 0; attempt < 5; attempt++ {
 		pending, err := api.DecodeHAMiCoreDevices(api.DevicesToAllocateAnnotation, pod.Annotations[api.DevicesToAllocateAnnotation])
@@ -69,7 +77,8 @@ func (a *Allocator) preStartHAMiCore(ctx context.Context, pod *v1.Pod, idx int, 
 			return specs.ContainerEdits{}, because(reasonWriteBack, fmt.Errorf("consuming the hami-core assignment of pod %s/%s: %w", pod.Namespace, pod.Name, err))
 		}
 	}
-	return cdi.Edits(a.hamiCoreResponse(pod, idx, devs)), nil
+	// What the GPUs need, then HAMi-core's library and limits; its variables win.
+	return cdi.Merge(gpus, cdi.Edits(a.hamiCoreResponse(pod, idx, devs))), nil
 }
 
 // hamiCoreResponse is HAMi-core's contract with its library: per device its memory limit,

@@ -64,6 +64,9 @@ type Options struct {
 	EnableMIGMode bool
 	// HAMiCoreHostDir holds HAMi-core's libvgpu.so and ld.so.preload on the host.
 	HAMiCoreHostDir string
+	// DeviceEdits says what a container gets for its devices (default cdi.EnvOnly:
+	// NVIDIA_VISIBLE_DEVICES only).
+	DeviceEdits cdi.DeviceEdits
 }
 
 // Run runs until ctx ends.
@@ -129,7 +132,7 @@ func Run(ctx context.Context, opts Options) error {
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "dynamig-device-plugin", Host: opts.NodeName})
 	alloc, err := allocate.New(allocate.Options{NodeName: opts.NodeName, Client: opts.Client, Names: opts.DeviceConfig.Nvidia.ResourceNames,
-		Instances: mgr, Checkpoint: cp, Verifier: verifier, Owners: owners, Specs: specDir, Pods: pods.Lister(), Recorder: recorder,
+		Instances: mgr, Checkpoint: cp, Verifier: verifier, Owners: owners, Specs: specDir, DeviceEdits: opts.DeviceEdits, Pods: pods.Lister(), Recorder: recorder,
 		PreemptionWait: opts.PreemptionWait,
 		HAMiCore:       allocate.HAMiCoreOptions{HostDir: opts.HAMiCoreHostDir, MemoryScaling: memoryScaling(opts.DeviceConfig, opts.NodeName)}})
 	if err != nil {
