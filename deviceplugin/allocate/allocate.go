@@ -392,15 +392,14 @@ func (a *Allocator) find(gpu string, e checkpoint.Entry) (instances.Instance, bo
 	return instances.Instance{}, false
 }
 
-// clearPlacement makes sure nothing occupies the reserved placement: instances of ended
-// pods are reclaimed, and an instance of a pod being deleted (a preemption victim) is
-// waited for, bounded, then reported so the kubelet retries. The GPU lock is held.
+// clearPlacement makes sure nothing occupies the reserved placement: an overlapping
+// instance of an ended pod is reclaimed, and one of a pod being deleted (a preemption
+// victim) is waited for, bounded, then reported so the kubelet retries. Only instances
+// overlapping the placement are looked at, so a create reads no pod in the common case
+// (the reconcile loop reclaims the rest). The GPU lock is held.
 func (a *Allocator) clearPlacement(ctx context.Context, pod *v1.Pod, r api.MigReservation) error {
 	deadline := time.Now().Add(a.opts.PreemptionWait)
 	for {
-		if err := a.reclaimLocked(ctx, r.GPUUUID); err != nil {
-			klog.FromContext(ctx).Info("Reclaim before create skipped", "gpu", r.GPUUUID, "err", err)
-		}
 		blocker, err := a.blocker(ctx, r)
 		if err != nil || blocker == "" {
 			return err
@@ -417,8 +416,8 @@ func (a *Allocator) clearPlacement(ctx context.Context, pod *v1.Pod, r api.MigRe
 	}
 }
 
-// blocker names what holds an overlapping instance that may go (a pod being deleted), or
-// returns the final error of one that will not.
+// blocker reclaims the overlapping instances whose pods ended and names what holds one
+// that may still go (a pod being deleted), or returns the final error of one that will not.
 func (a *Allocator) blocker(ctx context.Context, r api.MigReservation) (string, error) {
 	list, err := a.opts.Instances.List(r.GPUUUID)
 	if err != nil {
@@ -434,10 +433,16 @@ func (a *Allocator) blocker(ctx context.Context, r api.MigReservation) (string, 
 		}
 		p, err := a.opts.Client.CoreV1().Pods(owner.PodNamespace).Get(ctx, owner.PodName, metav1.GetOptions{})
 		switch {
-		case err == nil && string(p.UID) == owner.PodUID && p.DeletionTimestamp == nil && !ended(p):
-			return "", never(reasonCreate, fmt.Errorf("placement %s of %s overlaps the instance of running pod %s/%s: the reservation would double-book it", r.Placement, r.GPUUUID, p.Namespace, p.Name))
 		case err != nil && !apierrors.IsNotFound(err):
 			return "", because(reasonCreate, err)
+		case err != nil || string(p.UID) != owner.PodUID || ended(p):
+			// Ended, from a direct read of the API: reclaim it and look again.
+			if err := a.reclaim(ctx, owner); err != nil {
+				return "", because(reasonCreate, err)
+			}
+			return a.blocker(ctx, r)
+		case p.DeletionTimestamp == nil:
+			return "", never(reasonCreate, fmt.Errorf("placement %s of %s overlaps the instance of running pod %s/%s: the reservation would double-book it", r.Placement, r.GPUUUID, p.Namespace, p.Name))
 		}
 		return fmt.Sprintf("the instance of pod %s/%s, which is going away", owner.PodNamespace, owner.PodName), nil
 	}

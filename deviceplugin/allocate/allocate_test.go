@@ -399,6 +399,47 @@ func TestReclaimOnlyEndedPods(t *testing.T) {
 	}
 }
 
+// TestPreStartReadsOnlyOverlappingOwners: a create reads no other pod unless an instance
+// overlaps its placement (a burst of pods on one GPU costs one read each, not one per
+// earlier pod); an overlapping instance of an ended pod is reclaimed on the spot, the other
+// ended pods' instances are left to the reconcile loop.
+func TestPreStartReadsOnlyOverlappingOwners(t *testing.T) {
+	e := newEnv(t)
+	for i, name := range []string{"a", "b", "c"} {
+		before := e.writes("get", "pods")
+		if _, err := e.start(e.admit(e.pod(name, pls(at(i, 1))), "c0", 1)); err != nil {
+			t.Fatal(err)
+		}
+		if reads := e.writes("get", "pods") - before; reads != 1 {
+			t.Errorf("%s's PreStartContainer read %d pods, want 1 (its own)", name, reads)
+		}
+	}
+	for _, name := range []string{"a", "b"} {
+		done := e.get(name)
+		done.Status.Phase = v1.PodSucceeded
+		if _, err := e.client.CoreV1().Pods("default").UpdateStatus(e.ctx, done, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// d takes a's placement: a's instance is reclaimed, b's stays until the loop runs.
+	if _, err := e.start(e.admit(e.pod("d", pls(at(0, 1))), "c0", 1)); err != nil {
+		t.Fatal(err)
+	}
+	owners := map[api.Placement]string{}
+	for _, en := range e.cp.Entries() {
+		owners[en.Placement] = en.PodName
+	}
+	if len(e.gis()) != 3 || owners[at(0, 1)] != "d" || owners[at(1, 1)] != "b" || owners[at(2, 1)] != "c" {
+		t.Errorf("after d: instances %+v, owners %v", e.gis(), owners)
+	}
+	if err := e.a.Reclaim(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.gis()) != 2 || len(e.cp.Entries()) != 2 {
+		t.Errorf("the loop must reclaim b's instance: %+v", e.gis())
+	}
+}
+
 func TestPreemptorWaitsForVictimAndDoubleBookingLoses(t *testing.T) {
 	e := newEnv(t)
 	if _, err := e.start(e.admit(e.pod("victim", pls(at(0, 8))), "c0", 1)); err != nil {

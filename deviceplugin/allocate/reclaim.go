@@ -14,7 +14,7 @@ import (
 )
 
 // Reclaim destroys, on every GPU, this plugin's instances whose pods ended. It is what the
-// reconcile loop runs; Allocate runs it on the GPU it is about to use.
+// reconcile loop runs.
 func (a *Allocator) Reclaim(ctx context.Context) error {
 	var errs []error
 	for _, gpu := range a.opts.Instances.GPUs() {
@@ -37,7 +37,6 @@ func (a *Allocator) Reclaim(ctx context.Context) error {
 // direct read of the API, to be deleted, Succeeded or Failed. Any read that fails stops it:
 // an unreadable API never destroys anything. The GPU lock is held.
 func (a *Allocator) reclaimLocked(ctx context.Context, gpu string) error {
-	logger := klog.FromContext(ctx)
 	for _, e := range a.opts.Checkpoint.Entries() {
 		if e.GPUUUID != gpu {
 			continue
@@ -49,21 +48,30 @@ func (a *Allocator) reclaimLocked(ctx context.Context, gpu string) error {
 		if !gone {
 			continue
 		}
-		if e.State == checkpoint.Created {
-			if _, found := a.find(gpu, e); found {
-				if err := a.opts.Instances.Destroy(ctx, gpu, e.GPUInstanceID); err != nil {
-					return fmt.Errorf("reclaiming the instance of %s/%s: %w", e.PodNamespace, e.PodName, err)
-				}
-			}
-		} else if err := a.destroyAt(ctx, e); err != nil {
+		if err := a.reclaim(ctx, e); err != nil {
 			return err
 		}
-		if err := a.opts.Checkpoint.Remove(e.Key); err != nil {
-			return err
-		}
-		metrics.ObserveActions("reclaimed", 1)
-		logger.V(2).Info("Reclaimed the MIG instance of an ended pod", "pod", e.PodNamespace+"/"+e.PodName, "gpu", gpu, "placement", e.Placement.String())
 	}
+	return nil
+}
+
+// reclaim destroys the instance of an ended pod's checkpoint entry and forgets the entry.
+// The GPU lock is held.
+func (a *Allocator) reclaim(ctx context.Context, e checkpoint.Entry) error {
+	if e.State == checkpoint.Created {
+		if _, found := a.find(e.GPUUUID, e); found {
+			if err := a.opts.Instances.Destroy(ctx, e.GPUUUID, e.GPUInstanceID); err != nil {
+				return fmt.Errorf("reclaiming the instance of %s/%s: %w", e.PodNamespace, e.PodName, err)
+			}
+		}
+	} else if err := a.destroyAt(ctx, e); err != nil {
+		return err
+	}
+	if err := a.opts.Checkpoint.Remove(e.Key); err != nil {
+		return err
+	}
+	metrics.ObserveActions("reclaimed", 1)
+	klog.FromContext(ctx).V(2).Info("Reclaimed the MIG instance of an ended pod", "pod", e.PodNamespace+"/"+e.PodName, "gpu", e.GPUUUID, "placement", e.Placement.String())
 	return nil
 }
 

@@ -347,6 +347,9 @@ func TestMixedProfilesOnOneGPU(t *testing.T) {
 	}
 	noOverlap(t, recs)
 	w.sameHardware("n", recs)
+	for name := range want {
+		w.seesOwnDevices(name, "main", recs[name])
+	}
 }
 
 func TestExhaustionThenReclaim(t *testing.T) {
@@ -365,6 +368,8 @@ func TestExhaustionThenReclaim(t *testing.T) {
 		t.Errorf("c at %s, want inside b's freed %s", p, freed)
 	}
 	w.sameHardware("n", map[string][]api.MigReservation{"a": recs["a"], "c": got["c"]})
+	w.seesOwnDevices("a", "main", recs["a"])
+	w.seesOwnDevices("c", "main", got["c"])
 }
 
 func TestSmallestProfileAcrossModels(t *testing.T) {
@@ -397,13 +402,14 @@ func TestSmallestProfileAcrossModels(t *testing.T) {
 			t.Errorf("%s (%s): %v, want %s", c.node, c.model, r, c.profile)
 		}
 		w.sameHardware(c.node, map[string][]api.MigReservation{"p-" + c.node: r})
+		w.seesOwnDevices("p-"+c.node, "main", r)
 	}
 }
 
 func TestModeRouting(t *testing.T) {
 	w := start(t) // mig-node and core-node
 	w.create(pod("m", "mig", 1, 4000), pod("h", "hami-core", 1, 4000), pod("either", "", 1, 4000))
-	w.running("m", "h", "either")
+	recs := w.running("m", "h", "either")
 	if n := w.get("m").Spec.NodeName; n != "mig-node" {
 		t.Errorf("mig pod on %s", n)
 	}
@@ -413,6 +419,22 @@ func TestModeRouting(t *testing.T) {
 	}
 	if len(w.instances("core-node")) != 0 {
 		t.Errorf("a hami-core node gets no MIG instance")
+	}
+	w.seesOwnDevices("m", "main", recs["m"])
+	if e := w.get("either"); e.Spec.NodeName == "mig-node" {
+		w.seesOwnDevices("either", "main", recs["either"])
+	}
+	// The hami-core pod sees its one share: the core node's GPU and HAMi-core's limit.
+	shares, err := api.DecodeHAMiCoreDevices(api.DevicesAllocatedAnnotation, h.Annotations[api.DevicesAllocatedAnnotation])
+	if err != nil || len(shares) != 1 || len(shares[0]) != 1 {
+		t.Fatalf("h's shares %v: %v", shares, err)
+	}
+	env, err := w.sb.ContainerEnv(w.ctx, "default", "h", "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env["NVIDIA_VISIBLE_DEVICES"] != shares[0][0].UUID || env["CUDA_DEVICE_MEMORY_LIMIT_0"] != "4000m" {
+		t.Errorf("h sees NVIDIA_VISIBLE_DEVICES=%q CUDA_DEVICE_MEMORY_LIMIT_0=%q, want %q and 4000m", env["NVIDIA_VISIBLE_DEVICES"], env["CUDA_DEVICE_MEMORY_LIMIT_0"], shares[0][0].UUID)
 	}
 }
 
@@ -433,6 +455,7 @@ func TestNodeRestarts(t *testing.T) {
 		{"device plugin", func(w *world) error { return w.sb.RestartDevicePlugin(w.ctx, "n") }, 0, false},
 		{"kubelet", func(w *world) error { return w.sb.RestartKubelet(w.ctx, "n") }, 0, false},
 		{"container", func(w *world) error { return w.sb.FinishPod(w.ctx, "default", "a", false) }, 1, false},
+		{"reboot", func(w *world) error { return w.sb.RebootNode(w.ctx, "n") }, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := start(t, mig("n", "A100-40GB"))
@@ -454,7 +477,7 @@ func TestNodeRestarts(t *testing.T) {
 			if tc.newUUIDs {
 				w.waitFor("a's container created again", 90*time.Second, func() (bool, string) {
 					c, ok := w.sb.Container("n", uid, "main")
-					return ok && c.ID != first.ID, "the runtime has not created it yet"
+					return ok && c.Boot > first.Boot, "the runtime has not created it yet"
 				})
 			}
 			after := w.running("a")
@@ -476,7 +499,7 @@ func TestNodeRestarts(t *testing.T) {
 			if !tc.newUUIDs && (len(hw["a"]) != 2 || hw["a"][0] != before["a"][0] || hw["a"][1] != before["a"][1]) {
 				t.Errorf("instances changed: %v → %v", before, hw)
 			}
-			if c, _ := w.sb.Container("n", uid, "main"); tc.restarts == 0 && !tc.newUUIDs && c.ID != first.ID {
+			if c, _ := w.sb.Container("n", uid, "main"); tc.restarts == 0 && !tc.newUUIDs && (c.ID != first.ID || c.Attempt != first.Attempt || c.Boot != first.Boot) {
 				t.Errorf("the container was created again (%s → %s)", first.ID, c.ID)
 			}
 			w.create(pod("b", "mig", 1, 4000))

@@ -31,6 +31,7 @@ type Runtime struct {
 
 	mu      sync.Mutex
 	created []Container
+	boot    int
 }
 
 // Container is what one CreateContainer resolved.
@@ -41,6 +42,9 @@ type Container struct {
 	PodName      string
 	Name         string
 	Attempt      uint32
+	// Boot counts the Reboots before this create: the fake derives container IDs from the
+	// pod and attempt, so a container created again after a reboot has its old ID.
+	Boot int
 	// CDIDevices are the names the kubelet passed (from the device plugin's Allocate answer).
 	CDIDevices []string
 	// Env is the container's environment after CDI injection (the kubelet's own variables,
@@ -122,6 +126,7 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 		c.DeviceNodes = append(c.DeviceNodes, d.Path)
 	}
 	r.mu.Lock()
+	c.Boot = r.boot
 	r.created = append(r.created, c)
 	r.mu.Unlock()
 	// The fake logs every call and never forgets; a long test would grow it without bound.
@@ -171,6 +176,9 @@ func (r *Runtime) Exit(pod types.UID, container string, code int32) error {
 // none: the kubelet that starts next creates them again. What was created stays recorded
 // (Created, Latest).
 func (r *Runtime) Reboot() {
+	r.mu.Lock()
+	r.boot++
+	r.mu.Unlock()
 	r.RuntimeService.Lock()
 	defer r.RuntimeService.Unlock()
 	clear(r.RuntimeService.Containers)

@@ -2,8 +2,9 @@
 // for tests: an embedded etcd and the real kube-apiserver (test/cluster, admission with
 // ValidatingAdmissionPolicy), the real dynamig-scheduler from a KubeSchedulerConfiguration
 // file, and per simulated node a Node object, the real `dynamig-device-plugin run` on
-// simulated NVML, and a kubelet stand-in (test/kubelet) that admits the pods bound to the
-// node (Allocate, as kubelet does), runs them, and finishes them when they are deleted.
+// simulated NVML, and the real kubelet (test/kubeletnode) on a fake container runtime that
+// resolves each container's CDI devices as containerd does; containers run until their pod
+// is deleted or FinishPod ends them.
 //
 // Each component has its own identity: the scheduler test/cluster's UserScheduler, every
 // device plugin UserDevicePlugin, each node's kubelet system:node:<name>, and the
@@ -106,7 +107,7 @@ type NodeInfo struct {
 }
 
 // Start starts the control plane, the nodes and the scheduler, and returns once every
-// node's device plugin has registered its devices with the node's kubelet stand-in,
+// node's device plugin has registered its devices with the node's kubelet,
 // published its inventory and heartbeat, and the Node advertises the devices. ctx bounds
 // the start only; call Stop to shut everything down.
 func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
@@ -232,7 +233,7 @@ func (s *Sandbox) FirstInstanceCreate(node string) time.Time {
 
 // RestartDevicePlugin stops node's device plugin and starts a new one on the same simulated
 // GPUs (their MIG instances stay, as on real hardware), and waits until it has registered
-// with the node's kubelet stand-in again.
+// with the node's kubelet again.
 func (s *Sandbox) RestartDevicePlugin(ctx context.Context, node string) error {
 	n := s.node(node)
 	if n == nil {

@@ -321,20 +321,19 @@ func TestSandbox(t *testing.T) {
 		t.Errorf("FinishPod of a missing pod: %v", err)
 	}
 
-	// A pod the device plugin refuses at admission fails as kubelet fails it: a tampered
-	// hand-off is out of reach here, so ask for more devices than the node advertises once
-	// the scheduler placed it... which the scheduler would not do. Instead, check the
-	// refusal path with a pod bound by hand to the mig node (nodeName at creation, no
-	// reservation): Allocate cannot map it to a reservation.
+	// A GPU pod that bypassed the scheduler (nodeName at creation, no reservation) gets no
+	// instance: PreStartContainer finds nothing signed to realise, says why in a Warning
+	// event and evicts the pod.
 	bad := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bypass"}, Spec: v1.PodSpec{NodeName: "mig-node", Containers: []v1.Container{{Name: "main", Image: "ubuntu:22.04",
 		Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("1")}}}}}}
 	if _, err := s.CreatePods(ctx, bad); err == nil {
-		waitFor(t, 30*time.Second, "the bypassing pod failed at admission", func() (bool, string) {
-			p, err := client.CoreV1().Pods("default").Get(ctx, "bypass", metav1.GetOptions{})
-			if err != nil {
-				return false, err.Error()
+		waitFor(t, 60*time.Second, "the bypassing pod evicted with a Warning event", func() (bool, string) {
+			_, err := client.CoreV1().Pods("default").Get(ctx, "bypass", metav1.GetOptions{})
+			evs, lerr := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=bypass,reason=ReservationNotRealisable"})
+			if lerr != nil {
+				return false, lerr.Error()
 			}
-			return p.Status.Phase == v1.PodFailed && p.Status.Reason == "UnexpectedAdmissionError", fmt.Sprintf("%s %s %s", p.Status.Phase, p.Status.Reason, p.Status.Message)
+			return apierrors.IsNotFound(err) && len(evs.Items) > 0 && len(instances()) == 0, fmt.Sprintf("get: %v; events %d; instances %v", err, len(evs.Items), instances())
 		})
 	} else {
 		t.Logf("admission refused the bypassing pod: %v", err)
