@@ -31,6 +31,8 @@ type runOptions struct {
 	config         configFlags
 	nodeName       string
 	kubeconfig     string
+	apiQPS         float32
+	apiBurst       int
 	socketDir      string
 	checkpoint     string
 	podResources   string
@@ -67,6 +69,10 @@ spec the container runtime resolves the names against.`,
 	o.config.register(cmd)
 	f.StringVar(&o.nodeName, "node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the host name)")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; default: the in-cluster configuration")
+	// The kubelet's own defaults: one node's pods start together, and each GPU container's
+	// start costs the plugin a write (client-go's 5/10 would pace a burst).
+	f.Float32Var(&o.apiQPS, "kube-api-qps", 50, "queries per second to the API server")
+	f.IntVar(&o.apiBurst, "kube-api-burst", 100, "burst of queries to the API server")
 	f.StringVar(&o.socketDir, "kubelet-socket-dir", pluginapi.DevicePluginPath, "kubelet's device-plugin socket directory")
 	f.StringVar(&o.checkpoint, "checkpoint", "", "the plugin's checkpoint file (default: dynamig.checkpoint in --kubelet-socket-dir)")
 	f.StringVar(&o.podResources, "pod-resources-socket", podresources.DefaultSocket, "the kubelet's PodResources API socket")
@@ -95,10 +101,14 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
+	if o.apiQPS <= 0 || o.apiBurst <= 0 {
+		return usagef("--kube-api-qps and --kube-api-burst must be positive, not %v and %d", o.apiQPS, o.apiBurst)
+	}
 	restConfig, err := o.restConfig()
 	if err != nil {
 		return usageError{err}
 	}
+	restConfig.QPS, restConfig.Burst = o.apiQPS, o.apiBurst
 	client, err := kubernetes.NewForConfig(restConfig)
 	if err != nil {
 		return err

@@ -7,7 +7,7 @@ import (
 	"github.com/dynamig/dynamig/nvml/sim"
 )
 
-func TestDeviceEditsFlag(t *testing.T) {
+func TestRunFlags(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		args      []string
@@ -19,7 +19,9 @@ func TestDeviceEditsFlag(t *testing.T) {
 		// Valid values get past the flag to the next check: no cluster here.
 		{"env", []string{"--device-edits=env"}, "in-cluster configuration"},
 		{"auto", []string{"--device-edits=auto"}, "in-cluster configuration"},
-		{"default", nil, "in-cluster configuration"},
+		{"defaults", nil, "in-cluster configuration"},
+		{"zero QPS", []string{"--kube-api-qps=0"}, "--kube-api-qps and --kube-api-burst must be positive, not 0 and 100"},
+		{"negative burst", []string{"--kube-api-burst=-1"}, "--kube-api-qps and --kube-api-burst must be positive, not 50 and -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"run", "--nvml=sim", "--sim-gpus=A30", "--node-name=n1"}, tc.args...)
