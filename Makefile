@@ -99,7 +99,7 @@ bench-throughput-extender:
 	$(GO) run ./test/bench/throughput/cmd -out docs/benchmarks/extender -nodes 1000 -qps 5000/5000 -scenarios a,e,b -cpuprofile ''
 
 # A burst of 56 one-slice pods at one node of 8 A100-40GB on the whole sandbox, NVML taking
-# 1.5 s per GPU-instance create, three runs, written to docs/benchmarks/burst.md (~6 minutes).
+# 1.5 s per GPU-instance create, three runs, written to docs/benchmarks/burst.md (~3 minutes).
 bench-burst:
 	$(GO) run ./test/bench/burst/cmd -out docs/benchmarks
 

@@ -215,6 +215,9 @@ func (n *Node) writeConfig() error {
 	if err != nil {
 		return err
 	}
+	// registryPullQPS 0 (no limit): the fake runtime "pulls" each pod's image at once, and
+	// the default 5/s would fail a burst's pulls (ErrImagePull, retried after back-off) as
+	// no node that has the image already would.
 	cfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 127.0.0.1
@@ -240,6 +243,7 @@ imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "1Ki", nodefs.available: "0%%", imagefs.available: "0%%"}
 nodeStatusUpdateFrequency: %s
 serializeImagePulls: false
+registryPullQPS: 0
 `, port, healthz, n.path("cri.sock"), n.path("pod-logs"), n.path("volume-plugins"), n.opts.NodeStatusUpdateFrequency)
 	if err := os.WriteFile(n.path("kubelet.yaml"), []byte(cfg), 0o644); err != nil {
 		return err
