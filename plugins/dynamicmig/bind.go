@@ -51,8 +51,10 @@ func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	if err := pl.client.CoreV1().Pods(pod.Namespace).Bind(ctx, binding, metav1.CreateOptions{}); err != nil {
 		return fwk.AsStatus(fmt.Errorf("binding pod %s/%s to %s: %w", pod.Namespace, pod.Name, nodeName, err))
 	}
-	observeLatency("bind", start)
-	logger.V(2).Info("Bound GPU pod", "pod", klog.KObj(pod), "node", nodeName, "devices", describe(r.result))
+	observeLatency(bindLatency, start)
+	if v := logger.V(2); v.Enabled() {
+		v.Info("Bound GPU pod", "pod", klog.KObj(pod), "node", nodeName, "devices", describe(r.result))
+	}
 	pl.recordBindEvents(pod, r.result)
 	return nil
 }
@@ -88,14 +90,12 @@ func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result, key
 	return a, nil
 }
 
-// recordBindEvents says on the pod what it got.
+// recordBindEvents warns a pod whose container got more MIG devices than CUDA uses. What
+// a pod got is on its reservation annotation: no Normal event says it again, since each
+// event is one more write per GPU pod (kube-scheduler's Scheduled event names the node).
 func (pl *DynamicMIG) recordBindEvents(pod *v1.Pod, res *placement.Result) {
 	rec := pl.handle.EventRecorder()
-	if rec == nil {
-		return
-	}
-	rec.Eventf(pod, nil, v1.EventTypeNormal, "Reserved", "Binding", "Reserved %s", describe(res))
-	if res.Mode != api.ModeMIG {
+	if rec == nil || res.Mode != api.ModeMIG {
 		return
 	}
 	perContainer := map[int]int{}

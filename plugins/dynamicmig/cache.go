@@ -2,6 +2,7 @@ package dynamicmig
 
 import (
 	"sync"
+	"sync/atomic"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -141,9 +142,10 @@ func (c *reservationCache) decode(raw string) ([]api.MigReservation, error) {
 // NodeInfo generation (which changes with every pod added or removed and every node update,
 // preemption's dry runs included) gives the same fit. Replicas of one workload ask alike,
 // so a scheduling cycle mostly recomputes only the node the previous pod went to.
+// A sync.Map: Filter's parallel readers never contend; entries are written on misses only.
 type fitCache struct {
-	mu    sync.Mutex
-	nodes map[string]cachedFit
+	nodes sync.Map // node name → cachedFit
+	size  atomic.Int64
 }
 
 type cachedFit struct {
@@ -156,23 +158,26 @@ type cachedFit struct {
 // maxCachedNodes bounds the cache; it is dropped whole when full (deleted nodes).
 const maxCachedNodes = 1 << 16
 
-func newFitCache() *fitCache { return &fitCache{nodes: map[string]cachedFit{}} }
+func newFitCache() *fitCache { return &fitCache{} }
 
 func (c *fitCache) get(node string, generation int64, request string) (cachedFit, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.nodes[node]
-	if !ok || e.generation != generation || e.request != request {
+	v, ok := c.nodes.Load(node)
+	if !ok {
+		return cachedFit{}, false
+	}
+	e := v.(cachedFit)
+	if e.generation != generation || e.request != request {
 		return cachedFit{}, false
 	}
 	return e, true
 }
 
 func (c *fitCache) put(node string, e cachedFit) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.nodes) >= maxCachedNodes {
-		c.nodes = map[string]cachedFit{}
+	if c.size.Load() >= maxCachedNodes {
+		c.nodes.Clear()
+		c.size.Store(0)
 	}
-	c.nodes[node] = e
+	if _, loaded := c.nodes.Swap(node, e); !loaded {
+		c.size.Add(1)
+	}
 }

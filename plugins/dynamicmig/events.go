@@ -104,15 +104,13 @@ func (pl *DynamicMIG) onLeaseDelete(obj any) {
 
 // leaseTimes holds, per node, until when its device plugin's heartbeat is fresh, from the
 // Lease informer: Filter asks for every node of every cycle, so it looks up a time instead
-// of reading and parsing Leases.
+// of reading and parsing Leases. A sync.Map: Filter's parallel readers never contend, and
+// writes come only with Lease events.
 type leaseTimes struct {
-	mu        sync.RWMutex
-	heartbeat map[string]time.Time
+	heartbeat sync.Map // node name → time.Time
 }
 
-func newLeaseTimes() *leaseTimes {
-	return &leaseTimes{heartbeat: map[string]time.Time{}}
-}
+func newLeaseTimes() *leaseTimes { return &leaseTimes{} }
 
 // expiry is when the Lease stops being fresh; zero when it has no renew time or duration.
 func expiry(l *coordinationv1.Lease) time.Time {
@@ -123,25 +121,19 @@ func expiry(l *coordinationv1.Lease) time.Time {
 }
 
 func (t *leaseTimes) set(l *coordinationv1.Lease) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	if node, ok := strings.CutPrefix(l.Name, api.HeartbeatLeasePrefix); ok {
-		t.heartbeat[node] = expiry(l)
+		t.heartbeat.Store(node, expiry(l))
 	}
 }
 
 func (t *leaseTimes) remove(l *coordinationv1.Lease) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	if node, ok := strings.CutPrefix(l.Name, api.HeartbeatLeasePrefix); ok {
-		delete(t.heartbeat, node)
+		t.heartbeat.Delete(node)
 	}
 }
 
 // heartbeatFresh reports whether the node's device plugin heartbeat is fresh at now.
 func (t *leaseTimes) heartbeatFresh(node string, now time.Time) bool {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	e, ok := t.heartbeat[node]
-	return ok && e.After(now)
+	e, ok := t.heartbeat.Load(node)
+	return ok && e.(time.Time).After(now)
 }

@@ -74,7 +74,7 @@ func (pl *DynamicMIG) largestDevice(mode string, need int, nodes []fwk.NodeInfo)
 // in this NodeInfo, which is what makes preemption's dry runs right.
 func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	start := time.Now()
-	defer func() { observeLatency("filter", start) }()
+	defer func() { observeLatency(filterLatency, start) }()
 	s, err := readState(state)
 	if err != nil {
 		return fwk.AsStatus(err)

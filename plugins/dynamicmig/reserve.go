@@ -28,7 +28,9 @@ func (pl *DynamicMIG) Reserve(ctx context.Context, state fwk.CycleState, pod *v1
 		return fwk.AsStatus(errNoFit(nodeName))
 	}
 	pl.reservations.add(pod.UID, nodeName, f.result)
-	klog.FromContext(ctx).V(4).Info("Reserved GPU devices", "pod", klog.KObj(pod), "node", nodeName, "devices", describe(f.result))
+	if v := klog.FromContext(ctx).V(4); v.Enabled() {
+		v.Info("Reserved GPU devices", "pod", klog.KObj(pod), "node", nodeName, "devices", describe(f.result))
+	}
 	return nil
 }
 

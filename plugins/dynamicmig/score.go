@@ -31,7 +31,7 @@ func (pl *DynamicMIG) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Po
 // chosen placements.
 func (pl *DynamicMIG) Score(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
 	start := defaultClock()
-	defer func() { observeLatency("score", start) }()
+	defer func() { observeLatency(scoreLatency, start) }()
 	s, err := readState(state)
 	if err != nil {
 		return 0, fwk.AsStatus(err)

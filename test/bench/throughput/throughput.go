@@ -1,13 +1,15 @@
 // Package throughput measures dynamig-scheduler's scheduling throughput: the real
 // scheduler (test/cluster.StartScheduler) against the in-process etcd and kube-apiserver,
 // with plain Node objects carrying the inventory of 8 simulated A100-40GB GPUs each, fresh
-// heartbeat Leases, and a stand-in device plugin that makes the device plugin's one write per
-// GPU pod (cluster.StandInWrite) as soon as the pod is bound.
+// heartbeat Leases, and, in scenario (f), a stand-in device plugin that makes the device
+// plugin's one write per GPU pod (cluster.StandInWrite) as soon as the pod is bound.
 //
 // Scenarios per node count and client QPS (Scenarios): (a) default plugins only, CPU pods;
 // (b) DynamicMIG (the shipped configuration), GPU pods on the MIG nodes; (c) DynamicMIG,
 // CPU pods; (d) (a) with kube-scheduler's batching off; (e) the allocator behind an HTTP
-// scheduler extender, GPU pods. Each reports pods bound per second, creation-to-bound latency, the scheduler's
+// scheduler extender, GPU pods; (f) (b) with the stand-in device plugin's writes; (g) the
+// GPU pods under the default plugins alone, batching off: what kube-scheduler itself spends
+// on a pod with extended resources that is never batched, without DynamicMIG. Each reports pods bound per second, creation-to-bound latency, the scheduler's
 // writes counted at the API server (audit log), and the process's peak RSS.
 package throughput
 
@@ -66,12 +68,15 @@ var (
 
 // Scenario is one of the measured workloads.
 type Scenario struct {
-	Key     string // "a" to "e"
+	Key     string // "a" to "g"
 	Name    string
 	Profile Profile
 	GPU     bool
 	// NoBatching runs the scheduler with the OpportunisticBatching feature off.
 	NoBatching bool
+	// StandIn runs the stand-in device plugin: one pod patch per GPU pod once bound, in the
+	// same process (on 2 cores, CPU the scheduler does not get).
+	StandIn bool
 }
 
 // Scenarios are (a), (b), (c) and the references (d) and (e), in their default order: the
@@ -81,6 +86,8 @@ var Scenarios = []Scenario{
 	{Key: "c", Name: "DynamicMIG, CPU pods", Profile: WithDynamicMIG},
 	{Key: "d", Name: "default plugins, CPU pods, batching off", Profile: DefaultPlugins, NoBatching: true},
 	{Key: "b", Name: "DynamicMIG, GPU pods", Profile: WithDynamicMIG, GPU: true},
+	{Key: "f", Name: "DynamicMIG, GPU pods, with the stand-in device plugin's write", Profile: WithDynamicMIG, GPU: true, StandIn: true},
+	{Key: "g", Name: "default plugins, GPU pods (no DynamicMIG), batching off", Profile: DefaultPlugins, GPU: true, NoBatching: true},
 	{Key: "e", Name: "default plugins + the allocator as an HTTP extender, GPU pods", Profile: Extender, GPU: true},
 }
 
@@ -284,7 +291,10 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 	}
 	// The stand-in device plugin makes the device plugin's one write for each GPU pod once
 	// it is bound: a pod patch with the runtime identity and bind-phase success.
-	standIn, stopStandIn := cluster.StartStandIn(ctx, dp, ns, 16)
+	standIn, stopStandIn := (*cluster.StandIn)(nil), func() {}
+	if sc.StandIn {
+		standIn, stopStandIn = cluster.StartStandIn(ctx, dp, ns, 16)
+	}
 	defer stopStandIn()
 
 	// The watch that sees pods bound.
@@ -441,7 +451,9 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 		res.RefusedTotal += n
 	}
 	stopStandIn()
-	res.StandInWrites = standIn.Writes()
+	if standIn != nil {
+		res.StandInWrites = standIn.Writes()
+	}
 
 	if err := clearScenario(ctx, cp, admin, ns); err != nil {
 		return nil, err

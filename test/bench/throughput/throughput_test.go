@@ -13,7 +13,7 @@ import (
 
 // A tiny run of every scenario: every pod is bound, each pod costs exactly one scheduler
 // write at the API server (its Binding, which for a GPU pod carries the reservation), and
-// the stand-in device plugin makes one write per GPU pod and none for CPU pods.
+// the stand-in device plugin runs in (f) only, making one write per GPU pod.
 func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane")
@@ -57,7 +57,7 @@ func TestSmoke(t *testing.T) {
 				r.Scenario.Key, r.Writes, r.WritesTotal, r.Refused, pods)
 		}
 		want := int64(0)
-		if r.Scenario.GPU {
+		if r.Scenario.StandIn {
 			want = pods // the device plugin's one patch per GPU pod
 		}
 		if r.StandInWrites != want {
