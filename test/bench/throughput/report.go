@@ -53,7 +53,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		r.Config.Pods, r.Config.CreateWorkers, SchedulerName)
 	fmt.Fprintf(w, "- Scenarios: (a) default plugins only: the shipped `manifests/scheduler-config.yaml` with DynamicMIG removed from multiPoint, "+
 		"bind reset to DefaultBinder and its pluginConfig dropped; CPU pods. (b) DynamicMIG (the shipped configuration), GPU pods. "+
-		"(c) DynamicMIG, CPU pods. (d), a reference: (a) with kube-scheduler's OpportunisticBatching feature off — DynamicMIG's SignPod keeps GPU pods out of batching "+
+		"(c) DynamicMIG, CPU pods. (d), a reference when run (not by default; (g) supersedes it): (a) with kube-scheduler's OpportunisticBatching feature off — DynamicMIG's SignPod keeps GPU pods out of batching "+
 		"(each one changes the occupancy the next one sees), so (b)'s pods get a full filter and score pass over the nodes, which (a)'s batched CPU pods mostly skip; "+
 		"(b)/(d) is the ratio without that difference. (e), when run: (a)'s plugins plus the same allocator behind a kube-scheduler HTTP extender "+
 		"(filter over the candidate node names, bind with the Binding carrying the reservation; the extender's writes are made as the scheduler's user), "+
