@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -77,24 +76,22 @@ func (a *Allocator) preStartHAMiCore(ctx context.Context, pod *v1.Pod, idx int, 
 			return specs.ContainerEdits{}, because(reasonWriteBack, fmt.Errorf("consuming the hami-core assignment of pod %s/%s: %w", pod.Namespace, pod.Name, err))
 		}
 	}
-	// What the GPUs need, then HAMi-core's library and limits; its variables win.
+	// What the GPUs need, then HAMi-core's library and limits.
 	return cdi.Merge(gpus, cdi.Edits(a.hamiCoreResponse(pod, idx, devs))), nil
 }
 
-// hamiCoreResponse is HAMi-core's contract with its library: per device its memory limit,
+// hamiCoreResponse is HAMi-core's contract with its library (the GPUs themselves, and
+// NVIDIA_VISIBLE_DEVICES, come from DeviceEdits): per device its memory limit,
 // one SM limit, a shared cache file, and the library preloaded through mounts.
 func (a *Allocator) hamiCoreResponse(pod *v1.Pod, container int, devs []api.HAMiCoreDevice) *pluginapi.ContainerAllocateResponse {
 	hostDir := a.opts.HAMiCore.HostDir
 	if hostDir == "" {
 		hostDir = hamiCoreContainerDir
 	}
-	uuids := make([]string, len(devs))
 	env := map[string]string{}
 	for i, d := range devs {
-		uuids[i] = d.UUID
 		env[fmt.Sprintf("CUDA_DEVICE_MEMORY_LIMIT_%d", i)] = fmt.Sprintf("%dm", d.MemoryMiB)
 	}
-	env["NVIDIA_VISIBLE_DEVICES"] = strings.Join(uuids, ",")
 	env["CUDA_DEVICE_SM_LIMIT"] = fmt.Sprint(devs[0].Cores)
 	cache := fmt.Sprintf("%s/%s_%d.cache", hamiCoreContainerDir, pod.UID, container)
 	env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = cache
