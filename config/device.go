@@ -98,6 +98,12 @@ type NodeConfig struct {
 	DeviceCoreScaling   *float64 `json:"devicecorescaling"`
 	DeviceSplitCount    *int     `json:"devicesplitcount"`
 	MigStrategy         string   `json:"migstrategy"`
+
+	// Accepted as HAMi's chart writes them (its default nodeConfiguration.config has all
+	// three); dynamig does not act on them.
+	PreConfiguredDeviceMemory    *int  `json:"preconfigureddevicememory"`
+	EnableNumaTopology           *bool `json:"enablenumatopology"`
+	EnableGetPreferredAllocation *bool `json:"enablegetpreferredallocation"`
 }
 
 // FilterDevices names GPUs by UUID or NVML index.

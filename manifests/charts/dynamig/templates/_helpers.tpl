@@ -1,0 +1,45 @@
+{{/* The release namespace: where the scheduler, the device plugins and the webhook run. */}}
+{{- define "dynamig.namespace" -}}
+{{ .Release.Namespace }}
+{{- end }}
+
+{{/* Labels every object carries. */}}
+{{- define "dynamig.labels" -}}
+app.kubernetes.io/part-of: dynamig
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{/* An image reference: (dict "image" .Values.images.X "root" $). */}}
+{{- define "dynamig.image" -}}
+{{- $registry := .root.Values.global.imageRegistry -}}
+{{- $tag := .image.tag | default .root.Chart.AppVersion -}}
+{{- if $registry -}}
+{{ printf "%s/%s:%s" $registry .image.repository $tag }}
+{{- else -}}
+{{ printf "%s:%s" .image.repository $tag }}
+{{- end -}}
+{{- end }}
+
+{{/* imagePullSecrets of a pod spec, from global.imagePullSecrets: names or {name: ...} entries. */}}
+{{- define "dynamig.imagePullSecrets" -}}
+{{- with .Values.global.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+- name: {{ if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The user name a component's service account authenticates as: (dict "root" $ "sa" NAME). */}}
+{{- define "dynamig.user" -}}
+system:serviceaccount:{{ .root.Release.Namespace }}:{{ .sa }}
+{{- end }}
+
+{{/* The CEL condition "this container list asks for the GPU resource" (policy and webhook). */}}
+{{- define "dynamig.asksForGPU" -}}
+(object.spec.containers + object.spec.?initContainers.orValue([])).exists(c,
+  '{{ .Values.resourceName }}' in c.?resources.?limits.orValue({}) ||
+  '{{ .Values.resourceName }}' in c.?resources.?requests.orValue({}))
+{{- end }}
