@@ -25,14 +25,17 @@ FUZZ_TARGETS := \
 	./nvml/sim:FuzzParseGPUList \
 	./webhook:FuzzHandle
 
-.PHONY: all build test unit race fuzz lint demo clean bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-burst kubectl
+.PHONY: all build test unit race fuzz lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-burst kubectl
 
 all: build
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+# Stamped into every binary's --version (package version).
+LDFLAGS := -X github.com/dynamig/dynamig/version.version=$(VERSION) -X github.com/dynamig/dynamig/version.commit=$(COMMIT)
 
 build:
-	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 test: lint unit race fuzz
 
@@ -72,7 +75,16 @@ lint:
 # reservations, print them and the A100's occupancy, stop. Needs only Go and gcc.
 demo: $(KUBELET)
 	$(GO) build -o $(BIN)/dynamig-sandbox ./cmd/dynamig-sandbox
-	$(BIN)/dynamig-sandbox demo --examples examples --scheduler-config manifests/scheduler-config.yaml
+	$(BIN)/dynamig-sandbox demo --examples examples --install manifests/install.yaml
+
+# The three images (images/*/Dockerfile) with docker, podman or buildah; says so where none is.
+images:
+	VERSION=$(VERSION) COMMIT=$(COMMIT) hack/images.sh
+
+# manifests/install.yaml and manifests/scheduler-config.yaml, rendered from the Helm chart
+# manifests/charts/dynamig (a test fails when they drift from it).
+manifests:
+	$(GO) run ./hack/render-manifests
 
 # kubectl from the pinned Kubernetes modules (cmd/kubectl), to drive the sandbox by hand.
 kubectl:

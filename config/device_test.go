@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.yaml.in/yaml/v3"
 
 	"github.com/dynamig/dynamig/api"
 )
@@ -218,26 +217,3 @@ func FuzzParseDeviceConfig(f *testing.F) {
 	})
 }
 
-// TestShippedConfigMap keeps manifests/device-configmap.yaml valid.
-func TestShippedConfigMap(t *testing.T) {
-	raw, err := os.ReadFile("../manifests/device-configmap.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cm struct {
-		Data map[string]string `yaml:"data"`
-	}
-	if err := yaml.Unmarshal(raw, &cm); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := ParseDeviceConfig([]byte(cm.Data["device-config.yaml"]))
-	if err != nil {
-		t.Fatalf("shipped device config: %v", err)
-	}
-	if !reflect.DeepEqual(cfg.Nvidia, DefaultDeviceConfig().Nvidia) {
-		t.Errorf("the shipped nvidia section should show the defaults")
-	}
-	if cfg.Node("mig-node").OperatingMode != api.ModeMIG {
-		t.Errorf("mig-node: %+v", cfg.Node("mig-node"))
-	}
-}

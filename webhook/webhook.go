@@ -1,7 +1,7 @@
 // Package webhook is dynamig's mutating admission webhook. A pod that asks for the GPU
 // count resource and names no scheduler gets schedulerName: dynamig-scheduler, as HAMi's
 // webhook does, so HAMi's pods and its documentation's examples run unchanged. It patches
-// that one field and nothing else; the ValidatingAdmissionPolicies in manifests/ still
+// that one field and nothing else; the chart's ValidatingAdmissionPolicies (manifests/charts/dynamig) still
 // refuse a GPU pod that names another scheduler.
 package webhook
 

@@ -24,7 +24,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	examples := fs.String("examples", "examples", "directory of the example pods (*.yaml), applied in file name order")
 	timeout := fs.Duration("timeout", 2*time.Minute, "give up when the pods do not run with realised reservations within this time")
-	schedulerConfig, kubelet, verbosity := commonFlags(fs)
+	install, kubelet, verbosity := commonFlags(fs)
 	if code, ok := parseFlags(fs, args, stderr, "Flags of demo:"); !ok {
 		return code
 	}
@@ -39,7 +39,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	cfg := sandbox.DefaultConfig()
-	s, code := startSandbox(ctx, cfg, *schedulerConfig, *kubelet, logw, stderr)
+	s, code := startSandbox(ctx, cfg, *install, *kubelet, logw, stderr)
 	if s == nil {
 		return code
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/dynamig/dynamig/test/sandbox"
 )
 
-const schedulerConfig = "../../manifests/scheduler-config.yaml"
+const install = "../../manifests/install.yaml"
 
 func TestUsageErrors(t *testing.T) {
 	dir := t.TempDir()
@@ -38,9 +38,9 @@ func TestUsageErrors(t *testing.T) {
 		{"unknown model", []string{"--config", write("model.yaml", "nodes: [{name: a, mode: mig, gpus: [A100-41GB]}]")}, "nodes[0].gpus[0]"},
 		{"unknown mode", []string{"--config", write("mode.yaml", "nodes: [{name: a, mode: mps, gpus: [A100-40GB]}]")}, "nodes[0].mode"},
 		{"duplicate node", []string{"--config", write("dup.yaml", "nodes: [{name: a, mode: mig, gpus: [A30]}, {name: a, mode: mig, gpus: [A30]}]")}, `nodes[1].name: Duplicate value: "a"`},
-		{"bad device config", []string{"--config", write("dev.yaml", "nodes: [{name: a, mode: mig, gpus: [A30]}]\ndeviceConfig: nvidia.yaml\n"), "--scheduler-config", schedulerConfig}, "deviceConfig"},
+		{"bad device config", []string{"--config", write("dev.yaml", "nodes: [{name: a, mode: mig, gpus: [A30]}]\ndeviceConfig: nvidia.yaml\n"), "--install", install}, "deviceConfig"},
 		{"missing config", []string{"--config", filepath.Join(dir, "none.yaml")}, "none.yaml"},
-		{"missing scheduler config", []string{"--scheduler-config", filepath.Join(dir, "none.yaml")}, "--scheduler-config"},
+		{"missing install manifest", []string{"--install", filepath.Join(dir, "none.yaml")}, "--install"},
 		{"unknown flag", []string{"--nodes=3"}, "flag provided but not defined"},
 		{"argument", []string{"extra"}, `unexpected argument "extra"`},
 		{"bad -v", []string{"-v=x"}, "-v"},
@@ -74,7 +74,7 @@ func TestRun(t *testing.T) {
 	var stderr bytes.Buffer
 	done := make(chan int, 1)
 	go func() {
-		code := run(ctx, []string{"--kubeconfig-out", kubeconfig, "--state-out", state, "--scheduler-config", schedulerConfig}, pw, &stderr)
+		code := run(ctx, []string{"--kubeconfig-out", kubeconfig, "--state-out", state, "--install", install}, pw, &stderr)
 		pw.Close()
 		done <- code
 	}()
@@ -140,7 +140,7 @@ func TestDemo(t *testing.T) {
 		t.Skip("starts a control plane")
 	}
 	var stdout, stderr bytes.Buffer
-	code := run(context.Background(), []string{"demo", "--examples", "../../examples", "--scheduler-config", schedulerConfig}, &stdout, &stderr)
+	code := run(context.Background(), []string{"demo", "--examples", "../../examples", "--install", install}, &stdout, &stderr)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s\n%s", code, stdout.String(), stderr.String())
 	}

@@ -43,7 +43,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	configPath := fs.String("config", "", "sandbox config (YAML): nodes: [{name, mode: mig|hami-core, gpus: [MODEL, ...]}], deviceConfig: PATH; default: the seed's world (mig-node with an NVIDIA A100-PCIE-40GB, core-node with an A100-40GB in hami-core mode)")
 	kubeconfigOut := fs.String("kubeconfig-out", "", "also write the admin kubeconfig here (for kubectl and client-go)")
 	stateOut := fs.String("state-out", "", "write the sandbox's state here as JSON once ready: {apiserver, kubeconfig, schedulerMetrics, nodes: {NAME: {deviceMetrics, mode, gpus}}}")
-	schedulerConfig, kubelet, verbosity := commonFlags(fs)
+	install, kubelet, verbosity := commonFlags(fs)
 	if code, ok := parseFlags(fs, args, stderr, "Flags:"); !ok {
 		return code
 	}
@@ -58,7 +58,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	logw := setupLogging(*verbosity, stderr)
 	start := time.Now()
-	s, code := startSandbox(ctx, cfg, *schedulerConfig, *kubelet, logw, stderr)
+	s, code := startSandbox(ctx, cfg, *install, *kubelet, logw, stderr)
 	if s == nil {
 		return code
 	}
@@ -93,30 +93,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // startSandbox starts the sandbox; on failure it reports and returns the exit code.
-func startSandbox(ctx context.Context, cfg sandbox.Config, schedulerConfig, kubelet string, logw io.Writer, stderr io.Writer) (*sandbox.Sandbox, int) {
+func startSandbox(ctx context.Context, cfg sandbox.Config, install, kubelet string, logw io.Writer, stderr io.Writer) (*sandbox.Sandbox, int) {
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return nil, exitUsage
 	}
-	if _, err := os.Stat(schedulerConfig); err != nil {
-		fmt.Fprintf(stderr, "Error: --scheduler-config: %v (run from the repository root, or name the file)\n", err)
+	if _, err := os.Stat(install); err != nil {
+		fmt.Fprintf(stderr, "Error: --install: %v (run from the repository root, or name the file)\n", err)
 		return nil, exitUsage
-	}
-	// The admission policies and the webhook ship beside the scheduler configuration
-	// (manifests/).
-	policies := filepath.Join(filepath.Dir(schedulerConfig), "admission-policies.yaml")
-	webhook := filepath.Join(filepath.Dir(schedulerConfig), "webhook.yaml")
-	for _, f := range []string{policies, webhook} {
-		if _, err := os.Stat(f); err != nil {
-			fmt.Fprintf(stderr, "Error: admission: %v (it ships beside --scheduler-config, in manifests/)\n", err)
-			return nil, exitUsage
-		}
 	}
 	if err := kubeletnode.CheckIsolation(); err != nil {
 		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return nil, exitError
 	}
-	s, err := sandbox.Start(ctx, sandbox.Options{Config: cfg, SchedulerConfig: schedulerConfig, AdmissionPolicies: policies, Webhook: webhook, Log: logw, Kubelet: kubelet})
+	s, err := sandbox.Start(ctx, sandbox.Options{Config: cfg, Install: install, Log: logw, Kubelet: kubelet})
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			fmt.Fprintln(stderr, "dynamig-sandbox: interrupted while starting")
@@ -199,12 +189,12 @@ func prettyJSON(raw string) string {
 }
 
 // commonFlags are the flags of both the sandbox and its demo.
-func commonFlags(fs *flag.FlagSet) (schedulerConfig, kubelet *string, verbosity *verbosityFlag) {
-	schedulerConfig = fs.String("scheduler-config", sandbox.DefaultSchedulerConfig, "the dynamig-scheduler KubeSchedulerConfiguration")
+func commonFlags(fs *flag.FlagSet) (install, kubelet *string, verbosity *verbosityFlag) {
+	install = fs.String("install", sandbox.DefaultInstall, "the install manifest (rendered from the Helm chart): its RBAC, admission policies, webhook and scheduler configuration are applied, and the components run as its service accounts")
 	kubelet = fs.String("kubelet", os.Getenv(kubeletnode.KubeletEnv), "the kubelet binary the nodes run (make builds bin/kubelet; default $"+kubeletnode.KubeletEnv+", else built from this module, about a minute)")
 	verbosity = &verbosityFlag{}
 	fs.Var(verbosity, "v", "log to stderr (-v), at klog verbosity N (-v=N); default: quiet")
-	return schedulerConfig, kubelet, verbosity
+	return install, kubelet, verbosity
 }
 
 // parseFlags parses args; ok is false when the command must exit with code (help, a bad

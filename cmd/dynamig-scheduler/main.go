@@ -13,15 +13,12 @@ import (
 	"github.com/dynamig/dynamig/cmd/dynamig-scheduler/app"
 )
 
-// version is set at build time: go build -ldflags "-X main.version=v0.1.0".
-var version = "dev"
-
 func main() {
 	// The command's context ends on SIGINT/SIGTERM and stops what cmd opened (the metrics
 	// listener). kube-scheduler installs its own handler for the scheduler itself; Go
 	// delivers each signal to both.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	cmd := app.NewCommand(version)
+	cmd := app.NewCommand()
 	cmd.SetContext(ctx)
 	code := cli.Run(cmd)
 	stop()

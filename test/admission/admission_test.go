@@ -1,8 +1,10 @@
-// Package admission applies manifests/admission-policies.yaml to a real kube-apiserver
+// Package admission applies the admission policies, service accounts and RBAC of
+// manifests/install.yaml (rendered from the Helm chart) to a real kube-apiserver
 // (test/cluster) and checks what each identity may and may not do: an ordinary user
 // (cluster.UserAdmin, in system:masters: RBAC would let it do anything, admission must not),
-// the scheduler (cluster.UserScheduler) and the device plugin (cluster.UserDevicePlugin),
-// whose user names are the service accounts the policies allow.
+// the scheduler and the device plugins, which authenticate as the chart's service accounts
+// with tokens the API server issued bound to their pods (a device plugin's pod on its node),
+// exactly as in a cluster.
 package admission
 
 import (
@@ -36,11 +38,12 @@ import (
 )
 
 const (
-	policiesFile  = "../../manifests/admission-policies.yaml"
+	installFile   = "../../manifests/install.yaml"
 	ns            = "admission"
 	dynamigSched  = "dynamig-scheduler"
 	bindFailure   = "dynamig.io/bind-failure"
 	migNode       = "gpu-node-1"
+	otherNode     = "gpu-node-2"
 	reservationMI = `[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-0","profile":"1g.10gb","placement":{"start":0,"size":1}}]`
 )
 
@@ -59,9 +62,10 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// clients are the three identities.
+// clients are the identities: the admin; the scheduler; the device plugins of migNode and
+// otherNode; and a device-plugin credential that names no node (a token bound to no pod).
 type clients struct {
-	admin, scheduler, devicePlugin kubernetes.Interface
+	admin, scheduler, devicePlugin, otherDevicePlugin, nodelessDevicePlugin kubernetes.Interface
 }
 
 func TestAdmissionPolicies(t *testing.T) {
@@ -72,29 +76,33 @@ func TestAdmissionPolicies(t *testing.T) {
 		t.Fatal(err)
 	}
 	var c clients
-	for user, cs := range map[string]*kubernetes.Interface{cluster.UserAdmin: &c.admin, cluster.UserScheduler: &c.scheduler, cluster.UserDevicePlugin: &c.devicePlugin} {
-		if *cs, err = cp.Client(user); err != nil {
-			t.Fatal(err)
-		}
+	if c.admin, err = cp.Client(cluster.UserAdmin); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := c.admin.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	applyRBAC(ctx, t, c.admin)
+	c.scheduler = identity(ctx, t, cp, c.admin, "dynamig-scheduler", "")
+	c.devicePlugin = identity(ctx, t, cp, c.admin, "dynamig-device-plugin", migNode)
+	c.otherDevicePlugin = identity(ctx, t, cp, c.admin, "dynamig-device-plugin", otherNode)
+	c.nodelessDevicePlugin = nodelessIdentity(ctx, t, cp, c.admin, "dynamig-device-plugin")
 	typeCheck(t, c.admin, applyPolicies(ctx, t, c.admin))
 	waitEffective(ctx, t, c)
 
 	t.Run("refused", func(t *testing.T) { testRefused(ctx, t, c) })
 	t.Run("allowed", func(t *testing.T) { testAllowed(ctx, t, c) })
+	t.Run("own node", func(t *testing.T) { testOwnNode(ctx, t, c) })
 	t.Run("rbac", func(t *testing.T) { testRBAC(ctx, t, c.admin) })
 }
 
-// applyPolicies creates every object of the manifest, as the admin.
+// applyPolicies creates the manifest's ValidatingAdmissionPolicies and their bindings, as
+// the admin.
 func applyPolicies(ctx context.Context, t *testing.T, admin kubernetes.Interface) []*admissionregistrationv1.ValidatingAdmissionPolicy {
 	t.Helper()
-	objs := decodeFile(t, policiesFile)
 	var policies []*admissionregistrationv1.ValidatingAdmissionPolicy
 	var bindings int
-	for _, obj := range objs {
+	for _, obj := range installObjects(t) {
 		switch o := obj.(type) {
 		case *admissionregistrationv1.ValidatingAdmissionPolicy:
 			policies = append(policies, o)
@@ -109,12 +117,10 @@ func applyPolicies(ctx context.Context, t *testing.T, admin kubernetes.Interface
 			if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{}); err != nil {
 				t.Fatalf("creating binding %s: %v", o.Name, err)
 			}
-		default:
-			t.Fatalf("%s: unexpected %T", policiesFile, obj)
 		}
 	}
-	if len(policies) != 3 || bindings != 3 {
-		t.Fatalf("%s: %d policies and %d bindings, want 3 and 3", policiesFile, len(policies), bindings)
+	if len(policies) != 4 || bindings != 4 {
+		t.Fatalf("%s: %d policies and %d bindings, want 4 and 4", installFile, len(policies), bindings)
 	}
 	return policies
 }

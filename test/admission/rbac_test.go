@@ -3,7 +3,9 @@ package admission
 import (
 	"context"
 	"testing"
+	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -15,13 +17,9 @@ import (
 	"github.com/dynamig/dynamig/test/cluster"
 )
 
-const rbacFile = "../../manifests/rbac.yaml"
-
-// testRBAC applies manifests/rbac.yaml and asks the API server's authorizer, with
-// SubjectAccessReviews, what the three service accounts may do. (The test's own clients of
-// those names are in system:masters; the reviews name the service accounts' real groups.)
+// testRBAC asks the API server's authorizer, with SubjectAccessReviews, what the three
+// service accounts may do under the manifest's RBAC (applyRBAC).
 func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
-	applyRBAC(ctx, t, admin)
 	sys, signingNS := api.DefaultSystemNamespace, api.DefaultSigningKeyNamespace
 	type check struct {
 		verb, group, resource, subresource, namespace, name string
@@ -128,12 +126,12 @@ func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 	}
 }
 
-// applyRBAC creates every object of manifests/rbac.yaml, as the admin (the namespace
-// exists already: test/cluster creates it).
+// applyRBAC creates the manifest's namespaces, service accounts and RBAC, as the admin (the
+// release namespace exists already: test/cluster creates it).
 func applyRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 	t.Helper()
-	var err error
-	for _, obj := range decodeFile(t, rbacFile) {
+	for _, obj := range installObjects(t) {
+		var err error
 		co := metav1.CreateOptions{}
 		switch o := obj.(type) {
 		case *v1.Namespace:
@@ -151,11 +149,50 @@ func applyRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 			_, err = admin.RbacV1().Roles(o.Namespace).Create(ctx, o, co)
 		case *rbacv1.RoleBinding:
 			_, err = admin.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, co)
-		default:
-			t.Fatalf("%s: unexpected %T", rbacFile, obj)
 		}
 		if err != nil {
 			t.Fatalf("creating %T: %v", obj, err)
 		}
 	}
+}
+
+// identity is a client of the chart's service account sa with a token the API server issued
+// bound to a pod of that account, on node ("" for an unscheduled pod), as the pod's
+// projected token is in a cluster.
+func identity(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, admin kubernetes.Interface, sa, node string) kubernetes.Interface {
+	t.Helper()
+	name := sa
+	if node != "" {
+		name += "-" + node
+	}
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: api.DefaultSystemNamespace},
+		Spec: v1.PodSpec{ServiceAccountName: sa, NodeName: node, Containers: []v1.Container{{Name: "c", Image: "dynamig/" + sa}}}}
+	pod, err := admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := cluster.ServiceAccountToken(ctx, admin, pod, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cp.TokenConfig(token, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// nodelessIdentity is a client of service account sa with a token bound to no pod (as a
+// TokenRequest without a bound object, or a legacy Secret token, gives): no node in it.
+func nodelessIdentity(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, admin kubernetes.Interface, sa string) kubernetes.Interface {
+	t.Helper()
+	tr, err := admin.CoreV1().ServiceAccounts(api.DefaultSystemNamespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cp.TokenConfig(tr.Status.Token, sa+"-nodeless"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
 }

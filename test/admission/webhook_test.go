@@ -16,27 +16,28 @@ import (
 	"github.com/dynamig/dynamig/webhook"
 )
 
-// decodeFile reads a manifest of manifests/ into typed objects.
-func decodeFile(t *testing.T, path string) []runtime.Object {
+// installObjects reads manifests/install.yaml into typed objects.
+func installObjects(t *testing.T) []runtime.Object {
 	t.Helper()
-	raw, err := os.ReadFile(path)
+	raw, err := os.ReadFile(installFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	objs, err := cluster.DecodeManifest(raw)
 	if err != nil {
-		t.Fatalf("decoding %s: %v", path, err)
+		t.Fatalf("decoding %s: %v", installFile, err)
 	}
 	return objs
 }
 
-// TestWebhookManifest keeps manifests/webhook.yaml in step with the validating policy and
+// TestWebhookManifest keeps the manifest's webhook in step with the validating policy and
 // the binary: the API server calls the webhook for exactly the pods the policy checks, with
 // the settings docs/architecture.md explains, at the path, port, Secret and names the
 // binary uses by default. (test/e2e runs the configuration against the API server.)
 func TestWebhookManifest(t *testing.T) {
 	var policyCondition string
-	for _, obj := range decodeFile(t, policiesFile) {
+	objs := installObjects(t)
+	for _, obj := range objs {
 		if p, ok := obj.(*admissionregistrationv1.ValidatingAdmissionPolicy); ok && p.Name == "dynamig-gpu-pods" {
 			policyCondition = p.Spec.MatchConditions[0].Expression
 		}
@@ -50,16 +51,20 @@ func TestWebhookManifest(t *testing.T) {
 		service    *v1.Service
 		deployment *appsv1.Deployment
 	)
-	for _, obj := range decodeFile(t, "../../manifests/webhook.yaml") {
+	for _, obj := range objs {
 		switch o := obj.(type) {
 		case *admissionregistrationv1.MutatingWebhookConfiguration:
 			cfg = o
 		case *v1.Secret:
 			secret = o
 		case *v1.Service:
-			service = o
+			if o.Name == webhookapp.DefaultService {
+				service = o
+			}
 		case *appsv1.Deployment:
-			deployment = o
+			if o.Name == webhookapp.DefaultService {
+				deployment = o
+			}
 		}
 	}
 	if cfg == nil || secret == nil || service == nil || deployment == nil {

@@ -265,6 +265,22 @@ func (cp *ControlPlane) WriteKubeconfig(user string) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("unknown user %q", user)
 	}
+	return cp.WriteTokenKubeconfig(user, token)
+}
+
+// TokenConfig is a client config authenticating with a bearer token the API server issued
+// (a service-account token); userAgent names the component in the server's logs.
+func (cp *ControlPlane) TokenConfig(token, userAgent string) *rest.Config {
+	c := rest.CopyConfig(cp.base)
+	c.BearerToken = token
+	c.UserAgent = userAgent
+	return c
+}
+
+// WriteTokenKubeconfig writes a kubeconfig that authenticates with token into the control
+// plane's directory, named after name, and returns its path.
+func (cp *ControlPlane) WriteTokenKubeconfig(name, token string) (string, error) {
+	user := name
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["dynamig"] = &clientcmdapi.Cluster{
 		Server:                   cp.base.Host,

@@ -22,10 +22,20 @@ var schedulerSeq atomic.Int64
 
 // SchedulerConfig copies the KubeSchedulerConfiguration at src (typically
 // manifests/scheduler-config.yaml) into the control plane's directory with
-// clientConnection.kubeconfig set to a kubeconfig of UserScheduler and leader election off,
-// and returns the copy's path. The edits, if any, change the parsed document first;
-// everything else is kept as written.
+// clientConnection.kubeconfig set to a kubeconfig of UserScheduler, leader election off and
+// DynamicMIG's deviceConfigFile cleared (the file names where the chart mounts the device
+// ConfigMap; an edit such as DeviceConfigFile sets another), and returns the copy's path.
+// The edits change the parsed document; everything else is kept as written.
 func (cp *ControlPlane) SchedulerConfig(src string, edits ...func(doc map[string]any) error) (string, error) {
+	kubeconfig, err := cp.WriteKubeconfig(UserScheduler)
+	if err != nil {
+		return "", err
+	}
+	return cp.SchedulerConfigAs(src, kubeconfig, edits...)
+}
+
+// SchedulerConfigAs is SchedulerConfig with the scheduler authenticating through kubeconfig.
+func (cp *ControlPlane) SchedulerConfigAs(src, kubeconfig string, edits ...func(doc map[string]any) error) (string, error) {
 	raw, err := os.ReadFile(src)
 	if err != nil {
 		return "", err
@@ -34,14 +44,10 @@ func (cp *ControlPlane) SchedulerConfig(src string, edits ...func(doc map[string
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
 		return "", fmt.Errorf("%s: %w", src, err)
 	}
-	for _, edit := range edits {
+	for _, edit := range append([]func(map[string]any) error{DeviceConfigFile("")}, edits...) {
 		if err := edit(doc); err != nil {
 			return "", fmt.Errorf("%s: %w", src, err)
 		}
-	}
-	kubeconfig, err := cp.WriteKubeconfig(UserScheduler)
-	if err != nil {
-		return "", err
 	}
 	section := func(name string) map[string]any {
 		m, ok := doc[name].(map[string]any)
@@ -59,6 +65,36 @@ func (cp *ControlPlane) SchedulerConfig(src string, edits ...func(doc map[string
 	}
 	p := filepath.Join(cp.Dir, fmt.Sprintf("scheduler-config-%d.yaml", schedulerSeq.Add(1)))
 	return p, os.WriteFile(p, out, 0o600)
+}
+
+// DeviceConfigFile is a SchedulerConfig edit that sets DynamicMIG's deviceConfigFile in every
+// profile's pluginConfig ("" is HAMi v2.10's defaults).
+func DeviceConfigFile(path string) func(doc map[string]any) error {
+	return func(doc map[string]any) error {
+		profiles, _ := doc["profiles"].([]any)
+		found := false
+		for _, p := range profiles {
+			pm, _ := p.(map[string]any)
+			pcs, _ := pm["pluginConfig"].([]any)
+			for _, pc := range pcs {
+				m, _ := pc.(map[string]any)
+				if m == nil || m["name"] != "DynamicMIG" {
+					continue
+				}
+				args, _ := m["args"].(map[string]any)
+				if args == nil {
+					args = map[string]any{}
+					m["args"] = args
+				}
+				args["deviceConfigFile"] = path
+				found = true
+			}
+		}
+		if !found && path != "" {
+			return errors.New("no profile has a DynamicMIG pluginConfig entry")
+		}
+		return nil
+	}
 }
 
 // StartScheduler runs the real dynamig-scheduler in-process: kube-scheduler's app.Setup

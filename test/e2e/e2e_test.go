@@ -31,10 +31,8 @@ import (
 )
 
 const (
-	schedulerConfig   = "../../manifests/scheduler-config.yaml"
-	admissionPolicies = "../../manifests/admission-policies.yaml"
-	webhookManifest   = "../../manifests/webhook.yaml"
-	examples          = "../../examples"
+	install  = "../../manifests/install.yaml"
+	examples = "../../examples"
 )
 
 func TestMain(m *testing.M) {
@@ -60,7 +58,7 @@ func start(t *testing.T, nodes ...sandbox.NodeConfig) *world {
 	}
 	sctx, scancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer scancel()
-	sb, err := sandbox.Start(sctx, sandbox.Options{Config: cfg, SchedulerConfig: schedulerConfig, AdmissionPolicies: admissionPolicies, Webhook: webhookManifest})
+	sb, err := sandbox.Start(sctx, sandbox.Options{Config: cfg, Install: install})
 	if err != nil {
 		cancel()
 		t.Fatal(err)

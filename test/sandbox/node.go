@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -13,7 +14,9 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
@@ -84,8 +87,9 @@ func (n *node) info() NodeInfo {
 func (n *node) metricsURL() string { return "http://" + n.metricsAddr + "/metrics" }
 
 // start starts the node's kubelet, waits for it to register the Node, then starts the
-// device plugin, as a DaemonSet's pod runs once its Node exists.
-func (n *node) start(ctx context.Context, kubelet, dpKubeconfig string) error {
+// device plugin as the daemonSet's pod on this node, as a DaemonSet's pod runs once its Node
+// exists.
+func (n *node) start(ctx context.Context, kubelet string, daemonSet *unstructured.Unstructured) error {
 	kubeconfig, err := n.s.cp.WriteKubeconfig(nodeUser(n.cfg.Name))
 	if err != nil {
 		return err
@@ -105,7 +109,18 @@ func (n *node) start(ctx context.Context, kubelet, dpKubeconfig string) error {
 	if err != nil {
 		return fmt.Errorf("waiting for the kubelet to register the Node: %w", err)
 	}
-	n.dpKubeconfig = dpKubeconfig
+	// Label the node as an operator does for the DaemonSet (HAMi's gpu=on): the kubelet admits
+	// only pods whose node selector its Node matches.
+	selector, _, _ := unstructured.NestedStringMap(daemonSet.Object, "spec", "template", "spec", "nodeSelector")
+	if len(selector) > 0 {
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": selector}})
+		if _, err := n.s.admin.CoreV1().Nodes().Patch(ctx, n.cfg.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("labelling the Node for the device plugin's DaemonSet: %w", err)
+		}
+	}
+	if n.dpKubeconfig, err = n.s.identity(ctx, daemonSet, n.cfg.Name, devicePluginPaths(n)); err != nil {
+		return err
+	}
 	n.startDevicePlugin()
 	return n.completeInitContainers()
 }

@@ -1,19 +1,22 @@
 // Package sandbox runs a whole dynamig cluster in one process, for cmd/dynamig-sandbox and
 // for tests: an embedded etcd and the real kube-apiserver (test/cluster, admission with
-// ValidatingAdmissionPolicy), the real dynamig-scheduler from a KubeSchedulerConfiguration
-// file, and per simulated node a Node object, the real `dynamig-device-plugin run` on
-// simulated NVML, and the real kubelet (test/kubeletnode) on a fake container runtime that
-// resolves each container's CDI devices as containerd does; containers run until their pod
-// is deleted or FinishPod ends them.
+// ValidatingAdmissionPolicy), the shipped manifest (manifests/install.yaml) applied to it
+// with server-side apply, the real dynamig-scheduler from the manifest's
+// KubeSchedulerConfiguration, dynamig-webhook, and per simulated node a Node object, the
+// real `dynamig-device-plugin run` on simulated NVML, and the real kubelet
+// (test/kubeletnode) on a fake container runtime that resolves each container's CDI devices
+// as containerd does; containers run until their pod is deleted or FinishPod ends them.
 //
-// Each component has its own identity: the scheduler test/cluster's UserScheduler, every
-// device plugin UserDevicePlugin, each node's kubelet system:node:<name>, and the
-// kubeconfig the sandbox writes UserAdmin.
+// The scheduler, the webhook and every device plugin run as the manifest's service accounts,
+// with exactly its RBAC and admission policies: each authenticates with a token the API
+// server issued for its workload's pod (made from the Deployment's or DaemonSet's template,
+// bound to a node, run by that node's kubelet), so a device plugin's requests carry its node.
+// Each node's kubelet is system:node:<name>, and the kubeconfig the sandbox writes is
+// test/cluster's UserAdmin.
 package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -24,7 +27,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.yaml.in/yaml/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -34,32 +36,22 @@ import (
 	"github.com/dynamig/dynamig/plugins/dynamicmig"
 	"github.com/dynamig/dynamig/test/cluster"
 	"github.com/dynamig/dynamig/test/kubeletnode"
+	dynamigwebhook "github.com/dynamig/dynamig/webhook"
 )
-
-// DefaultSchedulerConfig is the shipped KubeSchedulerConfiguration, relative to the
-// repository root.
-const DefaultSchedulerConfig = "manifests/scheduler-config.yaml"
 
 // Options configure a sandbox.
 type Options struct {
 	// Config is the world to simulate; see DefaultConfig.
 	Config Config
-	// SchedulerConfig is the KubeSchedulerConfiguration the scheduler runs (typically
-	// manifests/scheduler-config.yaml); its clientConnection and leader election are
-	// replaced, and DynamicMIG's deviceConfigFile is set to the sandbox's device config.
-	SchedulerConfig string
+	// Install is the manifest to install (DefaultInstall, manifests/install.yaml, relative to
+	// the repository root, when ""). Its device ConfigMap is given the sandbox's device
+	// config, and its webhook configuration the in-process webhook's URL.
+	Install string
 	// Log receives the API server's and the device plugins' command output; nil discards
 	// it. (Components logging through klog log wherever the process configured klog.)
 	Log io.Writer
 	// ReadyTimeout bounds the start; 0 is two minutes.
 	ReadyTimeout time.Duration
-	// AdmissionPolicies is the ValidatingAdmissionPolicy manifest to apply before any node
-	// starts (typically manifests/admission-policies.yaml); "" applies none.
-	AdmissionPolicies string
-	// Webhook is the webhook manifest (typically manifests/webhook.yaml) whose Secret and
-	// MutatingWebhookConfiguration are applied, with dynamig-webhook serving them in-process
-	// over TLS; "" runs no webhook.
-	Webhook string
 	// CreateLatency is every simulated GPU's GPU-instance create time (sim.Options): creates
 	// on one GPU take turns, on different GPUs they overlap. 0: instant.
 	CreateLatency time.Duration
@@ -87,7 +79,11 @@ type Sandbox struct {
 
 	nodes []*node
 
-	schedulerConfig string
+	install *install
+	// schedulerConfig is the manifest's KubeSchedulerConfiguration, and schedulerKubeconfig
+	// the scheduler's identity.
+	schedulerConfig     string
+	schedulerKubeconfig string
 
 	// ctx lives until Stop: the components run under it.
 	ctx      context.Context
@@ -106,19 +102,16 @@ type NodeInfo struct {
 	GPUUUIDs []string `json:"gpuUUIDs"`
 }
 
-// Start starts the control plane, the nodes and the scheduler, and returns once every
-// node's device plugin has registered its devices with the node's kubelet,
-// published its inventory and heartbeat, and the Node advertises the devices. ctx bounds
-// the start only; call Stop to shut everything down.
+// Start starts the control plane, applies the install manifest, starts the nodes, the
+// webhook and the scheduler, and returns once every node's device plugin has registered its
+// devices with the node's kubelet, published its inventory and heartbeat, and the Node
+// advertises the devices. ctx bounds the start only; call Stop to shut everything down.
 func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if err := opts.Config.Validate(); err != nil {
 		return nil, err
 	}
-	if opts.SchedulerConfig == "" {
-		opts.SchedulerConfig = DefaultSchedulerConfig
-	}
-	if _, err := os.Stat(opts.SchedulerConfig); err != nil {
-		return nil, fmt.Errorf("scheduler config: %w", err)
+	if opts.Install == "" {
+		opts.Install = DefaultInstall
 	}
 	timeout := opts.ReadyTimeout
 	if timeout == 0 {
@@ -149,6 +142,18 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if err := os.WriteFile(s.deviceConfig, devCfgYAML, 0o600); err != nil {
 		return nil, err
 	}
+	webhookAddr, err := freeAddress()
+	if err != nil {
+		return nil, err
+	}
+	_, webhookPort, _ := net.SplitHostPort(webhookAddr)
+	if s.install, err = readInstall(opts.Install, devCfgYAML, "https://localhost:"+webhookPort+dynamigwebhook.Path); err != nil {
+		return nil, fmt.Errorf("install: %w", err)
+	}
+	s.schedulerConfig = filepath.Join(s.dir, "scheduler-config.yaml")
+	if err := os.WriteFile(s.schedulerConfig, []byte(s.install.schedulerConfig), 0o600); err != nil {
+		return nil, err
+	}
 
 	users := map[string][]string{}
 	for _, n := range opts.Config.Nodes {
@@ -160,21 +165,9 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if s.admin, err = s.cp.Client(cluster.UserAdmin); err != nil {
 		return nil, err
 	}
-	dpKubeconfig, err := s.cp.WriteKubeconfig(cluster.UserDevicePlugin)
-	if err != nil {
-		return nil, err
+	if err := s.apply(ctx, s.install); err != nil {
+		return nil, fmt.Errorf("install %s: %w", opts.Install, err)
 	}
-	if opts.AdmissionPolicies != "" {
-		if err := cluster.ApplyAdmissionPolicies(ctx, s.admin, opts.AdmissionPolicies); err != nil {
-			return nil, fmt.Errorf("admission policies: %w", err)
-		}
-	}
-	if opts.Webhook != "" {
-		if err := s.startWebhook(ctx, opts.Webhook); err != nil {
-			return nil, fmt.Errorf("webhook: %w", err)
-		}
-	}
-	s.schedulerConfig = opts.SchedulerConfig
 
 	kubelet := opts.Kubelet
 	if kubelet == "" {
@@ -183,6 +176,10 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 		}
 	}
 	if err := kubeletnode.CheckIsolation(); err != nil {
+		return nil, err
+	}
+	daemonSet, err := s.install.workload("DaemonSet", devicePluginWorkload)
+	if err != nil {
 		return nil, err
 	}
 	// Nodes, one at a time: each is ready (devices registered, inventory published) before
@@ -196,7 +193,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	}
 	for _, nc := range opts.Config.Nodes {
 		n := s.node(nc.Name)
-		if err := n.start(ctx, kubelet, dpKubeconfig); err != nil {
+		if err := n.start(ctx, kubelet, daemonSet); err != nil {
 			return nil, fmt.Errorf("node %s: %w", nc.Name, err)
 		}
 		if err := n.waitReady(ctx); err != nil {
@@ -204,11 +201,32 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 		}
 	}
 
-	// The scheduler, with its DynamicMIG metrics on a port of its own.
-	if err := s.startScheduler(opts.SchedulerConfig); err != nil {
+	// The webhook and the scheduler, their pods on the first node.
+	first := opts.Config.Nodes[0].Name
+	if err := s.startWebhook(ctx, webhookAddr, first); err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
+	}
+	deployment, err := s.install.workload("Deployment", schedulerWorkload)
+	if err != nil {
+		return nil, err
+	}
+	if s.schedulerKubeconfig, err = s.identity(ctx, deployment, first, nil); err != nil {
+		return nil, err
+	}
+	if err := s.startScheduler(); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// freeAddress is a free 127.0.0.1 port, as host:port.
+func freeAddress() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
 
 func nodeUser(node string) string { return "system:node:" + node }
@@ -296,12 +314,15 @@ func (s *Sandbox) RebootNode(ctx context.Context, node string) error {
 func (s *Sandbox) RestartScheduler(ctx context.Context) error {
 	s.schedulerStop()
 	s.schedulerStop = nil
-	file, err := s.cp.SchedulerConfig(s.schedulerConfig)
+	return s.runScheduler()
+}
+
+// runScheduler starts dynamig-scheduler on the manifest's configuration, as the scheduler's
+// service account, with the sandbox's device config.
+func (s *Sandbox) runScheduler() error {
+	file, err := s.cp.SchedulerConfigAs(s.schedulerConfig, s.schedulerKubeconfig, cluster.DeviceConfigFile(s.deviceConfig))
 	if err != nil {
-		return err
-	}
-	if err := setDeviceConfigFile(file, s.deviceConfig); err != nil {
-		return err
+		return fmt.Errorf("scheduler config: %w", err)
 	}
 	stop, err := cluster.StartScheduler(s.ctx, s.cp, file)
 	if err != nil {
@@ -311,19 +332,11 @@ func (s *Sandbox) RestartScheduler(ctx context.Context) error {
 	return nil
 }
 
-func (s *Sandbox) startScheduler(src string) error {
-	file, err := s.cp.SchedulerConfig(src)
-	if err != nil {
-		return fmt.Errorf("scheduler config: %w", err)
-	}
-	if err := setDeviceConfigFile(file, s.deviceConfig); err != nil {
-		return fmt.Errorf("scheduler config %s: %w", src, err)
-	}
-	stop, err := cluster.StartScheduler(s.ctx, s.cp, file)
-	if err != nil {
+// startScheduler runs the scheduler, with its DynamicMIG metrics on a port of its own.
+func (s *Sandbox) startScheduler() error {
+	if err := s.runScheduler(); err != nil {
 		return err
 	}
-	s.schedulerStop = stop
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -338,46 +351,6 @@ func (s *Sandbox) startScheduler(src string) error {
 		_ = s.metricsServer.Serve(ln)
 	}()
 	return nil
-}
-
-// setDeviceConfigFile sets DynamicMIG's deviceConfigFile in every profile's pluginConfig
-// of the KubeSchedulerConfiguration at file.
-func setDeviceConfigFile(file, deviceConfig string) error {
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		return err
-	}
-	var doc map[string]any
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		return err
-	}
-	profiles, _ := doc["profiles"].([]any)
-	found := false
-	for _, p := range profiles {
-		pm, _ := p.(map[string]any)
-		pcs, _ := pm["pluginConfig"].([]any)
-		for _, pc := range pcs {
-			m, _ := pc.(map[string]any)
-			if m == nil || m["name"] != "DynamicMIG" {
-				continue
-			}
-			args, _ := m["args"].(map[string]any)
-			if args == nil {
-				args = map[string]any{}
-				m["args"] = args
-			}
-			args["deviceConfigFile"] = deviceConfig
-			found = true
-		}
-	}
-	if !found {
-		return errors.New("no profile has a DynamicMIG pluginConfig entry")
-	}
-	out, err := yaml.Marshal(doc)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(file, out, 0o600)
 }
 
 // Stop shuts everything down, last started first, and removes every file the sandbox

@@ -22,10 +22,7 @@ import (
 	"github.com/dynamig/dynamig/config"
 )
 
-const (
-	schedulerConfig = "../../manifests/scheduler-config.yaml"
-	webhookManifest = "../../manifests/webhook.yaml"
-)
+const installFile = "../../manifests/install.yaml"
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -171,7 +168,7 @@ func TestSandbox(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	start := time.Now()
-	s, err := Start(ctx, Options{Config: DefaultConfig(), SchedulerConfig: schedulerConfig, Webhook: webhookManifest})
+	s, err := Start(ctx, Options{Config: DefaultConfig(), Install: installFile})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,13 +384,13 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool
 }
 
 func TestStartBadConfig(t *testing.T) {
-	_, err := Start(context.Background(), Options{Config: Config{Nodes: []NodeConfig{{Name: "x", Mode: "mig", GPUs: []string{"V100"}}}}, SchedulerConfig: schedulerConfig})
+	_, err := Start(context.Background(), Options{Config: Config{Nodes: []NodeConfig{{Name: "x", Mode: "mig", GPUs: []string{"V100"}}}}, Install: installFile})
 	if err == nil || !strings.Contains(err.Error(), "nodes[0].gpus[0]") {
 		t.Errorf("unknown model: %v", err)
 	}
-	_, err = Start(context.Background(), Options{Config: DefaultConfig(), SchedulerConfig: "no/such/file.yaml"})
+	_, err = Start(context.Background(), Options{Config: DefaultConfig(), Install: "no/such/file.yaml"})
 	if err == nil || !strings.Contains(err.Error(), "no/such/file.yaml") {
-		t.Errorf("missing scheduler config: %v", err)
+		t.Errorf("missing install manifest: %v", err)
 	}
 }
 
@@ -421,7 +418,7 @@ func TestSandboxCustomWorld(t *testing.T) {
 	}}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := Start(ctx, Options{Config: cfg, SchedulerConfig: schedulerConfig})
+	s, err := Start(ctx, Options{Config: cfg, Install: installFile})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/dynamig/dynamig/nvml"
 	"github.com/dynamig/dynamig/nvml/gonvml"
 	"github.com/dynamig/dynamig/nvml/sim"
+	"github.com/dynamig/dynamig/version"
 )
 
 // Exit codes.
@@ -73,9 +74,11 @@ func newRootCommand(stdout, stderr io.Writer, o *options) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "dynamig-device-plugin",
 		Short:         "dynamig's node agent: publishes the GPU inventory and realises MIG reservations",
+		Version:       version.Get().String("dynamig-device-plugin"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -17,7 +16,6 @@ import (
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/component-base/term"
-	"k8s.io/component-base/version/verflag"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	kubeapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
@@ -26,6 +24,7 @@ import (
 
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/plugins/dynamicmig"
+	dynamigversion "github.com/dynamig/dynamig/version"
 )
 
 // Name is the command's name.
@@ -44,7 +43,6 @@ type flags struct {
 	// a process has one listener while a configuration may have several profiles, each with
 	// its own args. The plugin factory only warns when the args name another address.
 	metricsBindAddress string
-	printVersion       bool
 }
 
 func (f *flags) addTo(fss *cliflag.NamedFlagSets) {
@@ -52,7 +50,6 @@ func (f *flags) addTo(fss *cliflag.NamedFlagSets) {
 	fs.StringVar(&f.metricsBindAddress, "dynamig-metrics-bind-address", config.DefaultSchedulerMetricsAddress,
 		"host:port where the DynamicMIG plugin's Prometheus metrics are served at /metrics (plain HTTP); empty disables. "+
 			"Takes precedence over the DynamicMIG args' metricsBindAddress.")
-	fs.BoolVar(&f.printVersion, "dynamig-version", false, "Print the dynamig version and the Kubernetes version it is built on, and exit.")
 }
 
 // RegistryOptions are the out-of-tree plugins the command registers with kube-scheduler.
@@ -88,9 +85,9 @@ func newPlugin(f *flags) frameworkruntime.PluginFactoryWithFts[fwk.Plugin] {
 	}
 }
 
-// NewCommand returns kube-scheduler's command with DynamicMIG registered; version is
-// dynamig's version (set by the linker in main).
-func NewCommand(version string) *cobra.Command {
+// NewCommand returns kube-scheduler's command with DynamicMIG registered. Its --version
+// (kube-scheduler's flag) prints dynamig's version, commit and the Kubernetes version.
+func NewCommand() *cobra.Command {
 	f := &flags{}
 	cmd := kubeapp.NewSchedulerCommand(registryOptions(f)...)
 	cmd.Use = Name
@@ -124,16 +121,17 @@ schedulerName: dynamig-scheduler. Every kube-scheduler flag works as upstream.`
 
 	run := cmd.RunE
 	cmd.RunE = func(c *cobra.Command, args []string) error {
-		if f.printVersion {
-			fmt.Fprintf(c.OutOrStdout(), "%s %s (Kubernetes %s)\n", Name, version, kubernetesVersion())
+		// --version (kube-scheduler's verflag, true or raw) prints dynamig's line instead of
+		// the Kubernetes version alone, before a listener is opened for nothing.
+		if v := c.Flags().Lookup("version"); v != nil && v.Value.String() != "false" {
+			fmt.Fprintln(c.OutOrStdout(), dynamigversion.Get().String(Name))
 			return nil
 		}
-		// --version exits here, before a listener is opened for nothing.
-		verflag.PrintAndExitIfRequested()
 		ctx, cancel := context.WithCancel(c.Context())
 		defer cancel()
 		logger := klog.FromContext(ctx)
-		logger.Info("Starting dynamig-scheduler", "version", version, "kubernetes", kubernetesVersion())
+		info := dynamigversion.Get()
+		logger.Info("Starting dynamig-scheduler", "version", info.Version, "commit", info.Commit, "kubernetes", info.Kubernetes)
 		_, stopped, err := serveMetrics(ctx, f.metricsBindAddress)
 		if err != nil {
 			return err
@@ -180,16 +178,4 @@ func serveMetrics(ctx context.Context, addr string) (net.Addr, <-chan struct{}, 
 		}
 	}()
 	return ln.Addr(), stopped, nil
-}
-
-// kubernetesVersion is the k8s.io/kubernetes module version the binary is built with.
-func kubernetesVersion() string {
-	if info, ok := debug.ReadBuildInfo(); ok {
-		for _, dep := range info.Deps {
-			if dep.Path == "k8s.io/kubernetes" {
-				return dep.Version
-			}
-		}
-	}
-	return "unknown"
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -27,8 +28,12 @@ import (
 	"github.com/dynamig/dynamig/plugins/dynamicmig"
 )
 
-// shippedConfig is the KubeSchedulerConfiguration the binary is run with.
+// shippedConfig is the KubeSchedulerConfiguration the binary is run with (the chart's
+// ConfigMap, rendered by `make manifests`).
 var shippedConfig = filepath.Join("..", "..", "..", "manifests", "scheduler-config.yaml")
+
+// mountedDeviceConfig is where the chart mounts the device ConfigMap in the scheduler's pod.
+const mountedDeviceConfig = "/etc/dynamig/device-config.yaml"
 
 const profileName = "dynamig-scheduler"
 
@@ -42,13 +47,32 @@ func TestShippedSchedulerConfig(t *testing.T) {
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background()))
 	defer cancel()
 
+	// The file names the device ConfigMap where the chart mounts it; here it is an empty
+	// device config (HAMi's defaults) in the test's directory.
+	raw, err := os.ReadFile(shippedConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	deviceConfig := filepath.Join(dir, "device-config.yaml")
+	if err := os.WriteFile(deviceConfig, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(raw, []byte("deviceConfigFile: "+mountedDeviceConfig+"\n")) {
+		t.Fatalf("%s: DynamicMIG's deviceConfigFile is not %s, where the chart mounts the device ConfigMap", shippedConfig, mountedDeviceConfig)
+	}
+	configFile := filepath.Join(dir, "scheduler-config.yaml")
+	if err := os.WriteFile(configFile, bytes.Replace(raw, []byte(mountedDeviceConfig), []byte(deviceConfig), 1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	opts := options.NewOptions()
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	for _, f := range opts.Flags.FlagSets {
 		fs.AddFlagSet(f)
 	}
 	if err := fs.Parse([]string{
-		"--config", shippedConfig,
+		"--config", configFile,
 		"--leader-elect=false",
 		"--master", "https://127.0.0.1:1",
 		"--secure-port", "0",
@@ -128,11 +152,11 @@ func TestShippedSchedulerConfig(t *testing.T) {
 	}
 
 	// DynamicMIG: the file names every field, each at its default.
-	raw, ok := pluginArgs(t, prof, dynamicmig.Name).(*runtime.Unknown)
+	rawArgs, ok := pluginArgs(t, prof, dynamicmig.Name).(*runtime.Unknown)
 	if !ok {
 		t.Fatalf("DynamicMIG args are %T, want the raw args", pluginArgs(t, prof, dynamicmig.Name))
 	}
-	args, err := config.DecodeDynamicMIGArgs(raw.Raw)
+	args, err := config.DecodeDynamicMIGArgs(rawArgs.Raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,11 +164,12 @@ func TestShippedSchedulerConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defaults.DeviceConfigFile = deviceConfig // the mounted ConfigMap, as rewritten above
 	if !reflect.DeepEqual(args, defaults) {
 		t.Errorf("DynamicMIG args are not the defaults:\n got %+v\nwant %+v", args, defaults)
 	}
 	var given map[string]any
-	if err := json.Unmarshal(raw.Raw, &given); err != nil {
+	if err := json.Unmarshal(rawArgs.Raw, &given); err != nil {
 		t.Fatal(err)
 	}
 	for _, key := range jsonFields(reflect.TypeFor[config.DynamicMIGArgs]()) {
@@ -218,24 +243,26 @@ func TestServeMetrics(t *testing.T) {
 
 func TestCommandFlags(t *testing.T) {
 	var out bytes.Buffer
-	cmd := NewCommand("v1.2.3")
+	cmd := NewCommand()
 	cmd.SetOut(&out)
-	cmd.SetArgs([]string{"--dynamig-version"})
+	cmd.SetArgs([]string{"--version"})
 	if err := cmd.Execute(); err != nil {
 		t.Fatal(err)
 	}
-	if got := out.String(); !strings.HasPrefix(got, "dynamig-scheduler v1.2.3 (Kubernetes ") {
-		t.Errorf("--dynamig-version printed %q", got)
+	// Unstamped (a test binary records no module versions either: `make build` stamps and
+	// the version package's tests cover the rest).
+	if got := out.String(); !strings.HasPrefix(got, "dynamig-scheduler dev (commit ") {
+		t.Errorf("--version printed %q", got)
 	}
 
 	out.Reset()
-	cmd = NewCommand("dev")
+	cmd = NewCommand()
 	cmd.SetOut(&out)
 	cmd.SetArgs([]string{"--help"})
 	if err := cmd.Execute(); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"dynamig-scheduler [flags]", "--config", "--dynamig-metrics-bind-address", `(default ":9395")`, "--dynamig-version"} {
+	for _, want := range []string{"dynamig-scheduler [flags]", "--config", "--dynamig-metrics-bind-address", `(default ":9395")`, "--version"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help does not mention %q", want)
 		}

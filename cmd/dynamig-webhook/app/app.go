@@ -30,6 +30,7 @@ import (
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/version"
 	dynamigwebhook "github.com/dynamig/dynamig/webhook"
 )
 
@@ -91,10 +92,12 @@ and rotates them and injects the CA into the MutatingWebhookConfiguration --webh
 			}
 			return nil
 		},
+		Version:       version.Get().String("dynamig-webhook"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE:          func(cmd *cobra.Command, _ []string) error { return o.Run(cmd.Context()) },
 	}
+	cmd.SetVersionTemplate("{{.Version}}\n")
 	cmd.SetArgs(args)
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)

@@ -27,8 +27,8 @@ import (
 
 // Config is one burst.
 type Config struct {
-	// SchedulerConfig is the KubeSchedulerConfiguration (manifests/scheduler-config.yaml).
-	SchedulerConfig string
+	// Install is the install manifest (manifests/install.yaml).
+	Install string
 	// Model and GPUs make the node; Pods each ask for one MIG device of MemoryMiB.
 	Model     string
 	GPUs      int
@@ -62,8 +62,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		gpus[i] = cfg.Model
 	}
 	sb, err := sandbox.Start(ctx, sandbox.Options{
-		Config:          sandbox.Config{Nodes: []sandbox.NodeConfig{{Name: node, Mode: api.ModeMIG, GPUs: gpus}}},
-		SchedulerConfig: cfg.SchedulerConfig, CreateLatency: cfg.CreateLatency,
+		Config:  sandbox.Config{Nodes: []sandbox.NodeConfig{{Name: node, Mode: api.ModeMIG, GPUs: gpus}}},
+		Install: cfg.Install, CreateLatency: cfg.CreateLatency,
 	})
 	if err != nil {
 		return nil, err

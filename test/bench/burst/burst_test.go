@@ -25,7 +25,7 @@ func TestSmoke(t *testing.T) {
 		t.Skip("starts a sandbox")
 	}
 	const latency = 50 * time.Millisecond
-	res, err := Run(context.Background(), Config{SchedulerConfig: "../../../manifests/scheduler-config.yaml",
+	res, err := Run(context.Background(), Config{Install: "../../../manifests/install.yaml",
 		Model: "A100-40GB", GPUs: 1, Pods: 4, MemoryMiB: 4000, CreateLatency: latency, Timeout: 2 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +45,7 @@ func TestSmoke(t *testing.T) {
 // only of the same burst.
 func TestReportCitesBaseline(t *testing.T) {
 	cfg := LeaseBaseline.Config
-	cfg.SchedulerConfig = "manifests/scheduler-config.yaml"
+	cfg.Install = "manifests/install.yaml"
 	first := time.Unix(1000, 0)
 	res := &Result{Config: cfg, FirstCreate: first, Profiles: map[string]int{"1g.5gb": cfg.Pods}}
 	for i := range cfg.Pods {

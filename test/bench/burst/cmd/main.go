@@ -18,7 +18,7 @@ import (
 func main() {
 	out := flag.String("out", "docs/benchmarks", "directory for burst.md")
 	cfg := burst.Config{}
-	flag.StringVar(&cfg.SchedulerConfig, "scheduler-config", sandbox.DefaultSchedulerConfig, "the shipped KubeSchedulerConfiguration")
+	flag.StringVar(&cfg.Install, "install", sandbox.DefaultInstall, "the install manifest")
 	flag.StringVar(&cfg.Model, "model", "A100-40GB", "the node's GPU model")
 	flag.IntVar(&cfg.GPUs, "gpus", 8, "GPUs of the node")
 	flag.IntVar(&cfg.Pods, "pods", 56, "pods of the burst, each one MIG device")

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# make images: builds images/<binary>/Dockerfile for each binary with the first image builder
+# found (docker with a reachable daemon, podman, buildah), tagged $REGISTRY/<binary>:$VERSION.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VERSION=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}
+COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+REGISTRY=${REGISTRY:-dynamig}
+
+builder=()
+if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+	builder=(docker build)
+elif command -v podman >/dev/null; then
+	builder=(podman build)
+elif command -v buildah >/dev/null; then
+	builder=(buildah bud)
+fi
+if [ ${#builder[@]} -eq 0 ]; then
+	echo "make images: no image builder here: docker (with a running daemon), podman or buildah is needed." >&2
+	command -v docker >/dev/null && echo "make images: docker is installed, but its daemon does not answer (docker info)." >&2
+	echo "make images: the Dockerfiles are images/*/Dockerfile, built from the repository root." >&2
+	exit 1
+fi
+for dockerfile in images/*/Dockerfile; do
+	name=$(basename "$(dirname "$dockerfile")")
+	echo "make images: ${builder[*]} $REGISTRY/$name:$VERSION"
+	"${builder[@]}" -f "$dockerfile" --build-arg VERSION="$VERSION" --build-arg COMMIT="$COMMIT" -t "$REGISTRY/$name:$VERSION" .
+done

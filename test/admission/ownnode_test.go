@@ -1,0 +1,126 @@
+package admission
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/dynamig/dynamig/api"
+)
+
+// testOwnNode: a device plugin writes only its own node — its Node, the pods bound to it
+// (reservation keys included) and its heartbeat Lease — and a device-plugin credential that
+// names no node writes nothing (the policy dynamig-device-plugin-own-node).
+func testOwnNode(ctx context.Context, t *testing.T, c clients) {
+	for _, name := range []string{migNode, otherNode} {
+		if _, err := c.admin.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	// A reserved GPU pod on migNode, and a CPU pod on otherNode.
+	onMig := createReserved(ctx, t, c, "own-node-target")
+	onOther := createPod(ctx, t, c.admin, cpuPod("own-node-other", "other-scheduler", otherNode))
+	inventory := annotationsPatch(map[string]any{api.NodeInventoryAnnotation: "[]"})
+	completed := strings.Replace(reservationMI, `"placement"`, `"giID":3,"ciID":0,"placement"`, 1)
+	writeBack := annotationsPatch(map[string]any{api.MigReservationsAnnotation: completed, api.BindPhaseAnnotation: api.BindPhaseSuccess})
+	lease := func(node string) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: api.HeartbeatLeaseName(node), Namespace: api.DefaultSystemNamespace}}
+	}
+
+	refused := []struct {
+		name string
+		do   func() error
+		want string
+	}{
+		{"another node's Node", func() error {
+			_, err := c.otherDevicePlugin.CoreV1().Nodes().Patch(ctx, migNode, types.MergePatchType, inventory, metav1.PatchOptions{})
+			return err
+		}, "the device plugin of node " + otherNode + " may write only its own Node, not " + migNode},
+		{"another node's Node status", func() error {
+			_, err := c.otherDevicePlugin.CoreV1().Nodes().Patch(ctx, migNode, types.MergePatchType, inventory, metav1.PatchOptions{}, "status")
+			return err
+		}, "may write only its own Node"},
+		{"reservation keys of another node's pod", func() error {
+			_, err := c.otherDevicePlugin.CoreV1().Pods(ns).Patch(ctx, onMig.Name, types.MergePatchType, writeBack, metav1.PatchOptions{})
+			return err
+		}, "the device plugin of node " + otherNode + " may write only pods bound to it; " + ns + "/" + onMig.Name + " is on node " + migNode},
+		{"bind-phase failed on another node's pod", func() error {
+			_, err := c.otherDevicePlugin.CoreV1().Pods(ns).Patch(ctx, onMig.Name, types.MergePatchType,
+				annotationsPatch(map[string]any{api.BindPhaseAnnotation: api.BindPhaseFailed, bindFailure: "x"}), metav1.PatchOptions{})
+			return err
+		}, "may write only pods bound to it"},
+		{"other annotations of another node's pod", func() error {
+			_, err := c.otherDevicePlugin.CoreV1().Pods(ns).Patch(ctx, onMig.Name, types.MergePatchType,
+				annotationsPatch(map[string]any{"example.com/x": "y"}), metav1.PatchOptions{})
+			return err
+		}, "may write only pods bound to it"},
+		{"another node's pod status", func() error {
+			_, err := c.devicePlugin.CoreV1().Pods(ns).Patch(ctx, onOther.Name, types.MergePatchType,
+				[]byte(`{"status":{"conditions":[{"type":"example.com/x","status":"True"}]}}`), metav1.PatchOptions{}, "status")
+			return err
+		}, "is on node " + otherNode},
+		{"another node's heartbeat Lease", func() error {
+			_, err := c.otherDevicePlugin.CoordinationV1().Leases(api.DefaultSystemNamespace).Create(ctx, lease(migNode), metav1.CreateOptions{})
+			return err
+		}, "may write only the Lease " + api.HeartbeatLeaseName(otherNode) + ", not " + api.HeartbeatLeaseName(migNode)},
+		{"a credential without a node patches a pod", func() error {
+			_, err := c.nodelessDevicePlugin.CoreV1().Pods(ns).Patch(ctx, onMig.Name, types.MergePatchType, writeBack, metav1.PatchOptions{})
+			return err
+		}, "the device plugin's credentials name no node"},
+		{"a credential without a node patches a Node", func() error {
+			_, err := c.nodelessDevicePlugin.CoreV1().Nodes().Patch(ctx, migNode, types.MergePatchType, inventory, metav1.PatchOptions{})
+			return err
+		}, "the device plugin's credentials name no node"},
+	}
+	for _, tc := range refused {
+		t.Run("refused/"+tc.name, func(t *testing.T) {
+			err := tc.do()
+			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "dynamig-device-plugin-own-node") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want a refusal by dynamig-device-plugin-own-node saying %q, got %v", tc.want, err)
+			}
+		})
+	}
+	// Nothing of the refused writes landed.
+	got, err := c.admin.CoreV1().Pods(ns).Get(ctx, onMig.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Annotations[api.MigReservationsAnnotation] != reservationMI || got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseAllocating {
+		t.Errorf("the refused writes changed the pod: %v", got.Annotations)
+	}
+
+	allowed := []struct {
+		name string
+		do   func() error
+	}{
+		{"its own Node", func() error {
+			_, err := c.devicePlugin.CoreV1().Nodes().Patch(ctx, migNode, types.MergePatchType, inventory, metav1.PatchOptions{})
+			return err
+		}},
+		{"its own heartbeat Lease, created then renewed", func() error {
+			l, err := c.devicePlugin.CoordinationV1().Leases(api.DefaultSystemNamespace).Create(ctx, lease(migNode), metav1.CreateOptions{})
+			if err != nil {
+				return err
+			}
+			_, err = c.devicePlugin.CoordinationV1().Leases(api.DefaultSystemNamespace).Update(ctx, l, metav1.UpdateOptions{})
+			return err
+		}},
+		{"reservation keys of its own node's pod", func() error {
+			_, err := c.devicePlugin.CoreV1().Pods(ns).Patch(ctx, onMig.Name, types.MergePatchType, writeBack, metav1.PatchOptions{})
+			return err
+		}},
+	}
+	for _, tc := range allowed {
+		t.Run("allowed/"+tc.name, func(t *testing.T) {
+			if err := tc.do(); err != nil {
+				t.Fatalf("refused, want admitted: %v", err)
+			}
+		})
+	}
+}

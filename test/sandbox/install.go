@@ -1,0 +1,182 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/manifests"
+	"github.com/dynamig/dynamig/test/cluster"
+)
+
+// DefaultInstall is the shipped plain-manifest install, relative to the repository root.
+const DefaultInstall = "manifests/install.yaml"
+
+// The chart's objects the sandbox reads or changes.
+const (
+	schedulerConfigMap   = "dynamig-scheduler-config"
+	deviceConfigMap      = "dynamig-device-config"
+	webhookName          = "dynamig-webhook"
+	schedulerWorkload    = "dynamig-scheduler"
+	devicePluginWorkload = "dynamig-device-plugin"
+	// tokenLifetime bounds the sandbox's pod-bound tokens; nothing rotates them.
+	tokenLifetime = 48 * time.Hour
+)
+
+// install is the manifest as the sandbox applies it.
+type install struct {
+	objs []*unstructured.Unstructured
+	// namespace is the release namespace (the scheduler Deployment's).
+	namespace string
+	// schedulerConfig is the KubeSchedulerConfiguration of the scheduler's ConfigMap.
+	schedulerConfig string
+}
+
+// readInstall reads the manifest at path and makes the sandbox's two changes to it: the device
+// ConfigMap holds the sandbox's device config (its nodes' modes), and the webhook
+// configuration calls the in-process webhook at webhookURL (the sandbox has no Service
+// routing).
+func readInstall(path string, deviceConfig []byte, webhookURL string) (*install, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	objs, err := manifests.Objects(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	in := &install{objs: objs}
+	sched := manifests.Find(objs, "Deployment", schedulerWorkload)
+	if sched == nil {
+		return nil, fmt.Errorf("%s: no Deployment %s", path, schedulerWorkload)
+	}
+	in.namespace = sched.GetNamespace()
+	if in.schedulerConfig, err = manifests.ConfigMapData(objs, schedulerConfigMap, "config.yaml"); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	dev := manifests.Find(objs, "ConfigMap", deviceConfigMap)
+	if dev == nil {
+		return nil, fmt.Errorf("%s: no ConfigMap %s", path, deviceConfigMap)
+	}
+	if err := unstructured.SetNestedField(dev.Object, string(deviceConfig), "data", "device-config.yaml"); err != nil {
+		return nil, err
+	}
+	mwc := manifests.Find(objs, "MutatingWebhookConfiguration", webhookName)
+	if mwc == nil {
+		return nil, fmt.Errorf("%s: no MutatingWebhookConfiguration %s", path, webhookName)
+	}
+	hooks, _, _ := unstructured.NestedSlice(mwc.Object, "webhooks")
+	for _, h := range hooks {
+		h.(map[string]any)["clientConfig"] = map[string]any{"url": webhookURL}
+	}
+	if err := unstructured.SetNestedSlice(mwc.Object, hooks, "webhooks"); err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+// workload returns the Deployment or DaemonSet named name.
+func (in *install) workload(kind, name string) (*unstructured.Unstructured, error) {
+	if o := manifests.Find(in.objs, kind, name); o != nil {
+		return o, nil
+	}
+	return nil, fmt.Errorf("the install manifest has no %s %s", kind, name)
+}
+
+// apply server-side applies every object as the admin, then waits until the admission
+// policies refuse what they should: a GPU pod naming another scheduler, which the webhook
+// leaves alone (HAMi's opt-out label), tried as a dry run.
+func (s *Sandbox) apply(ctx context.Context, in *install) error {
+	if err := cluster.Apply(ctx, s.cp.Config, "dynamig-sandbox", in.objs); err != nil {
+		return err
+	}
+	probe := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "admission-probe", Namespace: metav1.NamespaceDefault, Labels: map[string]string{"hami.io/webhook": "ignore"}},
+		Spec: v1.PodSpec{SchedulerName: "another-scheduler", Containers: []v1.Container{{Name: "c", Image: "busybox", Resources: v1.ResourceRequirements{
+			Limits: v1.ResourceList{v1.ResourceName(s.devCfg.Nvidia.ResourceCountName): resource.MustParse("1")}}}}}}
+	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := s.admin.CoreV1().Pods(probe.Namespace).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return apierrors.IsInvalid(err) || apierrors.IsForbidden(err), nil
+	})
+}
+
+// identity gives a component the identity the chart gives it in a cluster: it creates the
+// pod the workload (a Deployment or DaemonSet of the manifest) would run, from its pod
+// template, bound to node, with edit applied, and returns a kubeconfig with a token of the
+// pod's service account bound to that pod, as the pod's projected token is. The kubelet of
+// node runs the pod on its fake runtime; the component itself runs in this process.
+func (s *Sandbox) identity(ctx context.Context, workload *unstructured.Unstructured, node string, edit func(*v1.Pod)) (string, error) {
+	tmpl, _, err := unstructured.NestedMap(workload.Object, "spec", "template")
+	if err != nil {
+		return "", err
+	}
+	var pt v1.PodTemplateSpec
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(tmpl, &pt); err != nil {
+		return "", fmt.Errorf("%s %s: pod template: %w", workload.GetKind(), workload.GetName(), err)
+	}
+	pod := &v1.Pod{ObjectMeta: pt.ObjectMeta, Spec: pt.Spec}
+	pod.Name = workload.GetName() + "-" + node
+	pod.Namespace = workload.GetNamespace()
+	pod.Spec.NodeName = node
+	if edit != nil {
+		edit(pod)
+	}
+	created, err := s.admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("creating %s's pod: %w", workload.GetName(), err)
+	}
+	token, err := cluster.ServiceAccountToken(ctx, s.admin, created, tokenLifetime)
+	if err != nil {
+		return "", err
+	}
+	return s.cp.WriteTokenKubeconfig(created.Name, token)
+}
+
+// devicePluginPaths points the device plugin's pod's host paths at node's own kubelet
+// directories, as devicePlugin.pluginPath and friends do for a kubelet with another root.
+func devicePluginPaths(n *node) func(*v1.Pod) {
+	return func(p *v1.Pod) {
+		for i := range p.Spec.Volumes {
+			hp := p.Spec.Volumes[i].HostPath
+			if hp == nil {
+				continue
+			}
+			switch p.Spec.Volumes[i].Name {
+			case "device-plugins":
+				hp.Path = n.kubelet.DevicePluginDir
+			case "pod-resources":
+				hp.Path = filepath.Dir(n.kubelet.PodResourcesSocket)
+			case "cdi-specs":
+				hp.Path = n.kubelet.CDIDir
+			default:
+				// Nothing else of the host is the sandbox's to give.
+				hp.Path, hp.Type = n.dir, nil
+			}
+		}
+	}
+}
+
+// schedulerNameOf is the profile name GPU pods get from the webhook.
+func schedulerNameOf(webhook *unstructured.Unstructured) string {
+	containers, _, _ := unstructured.NestedSlice(webhook.Object, "spec", "template", "spec", "containers")
+	for _, c := range containers {
+		args, _, _ := unstructured.NestedStringSlice(c.(map[string]any), "args")
+		for _, a := range args {
+			if v, ok := strings.CutPrefix(a, "--scheduler-name="); ok {
+				return v
+			}
+		}
+	}
+	return api.DefaultSchedulerName
+}
