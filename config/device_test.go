@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-
 	"github.com/dynamig/dynamig/api"
 )
 
@@ -216,4 +215,3 @@ func FuzzParseDeviceConfig(f *testing.F) {
 		}
 	})
 }
-

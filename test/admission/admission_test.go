@@ -63,9 +63,11 @@ func TestMain(m *testing.M) {
 }
 
 // clients are the identities: the admin; the scheduler; the device plugins of migNode and
-// otherNode; and a device-plugin credential that names no node (a token bound to no pod).
+// otherNode; a device-plugin credential that names no node (a token bound to no pod); and
+// test/cluster's static token of the device plugin's user name, in system:masters (RBAC
+// lets it do anything, so what it is refused, admission refuses).
 type clients struct {
-	admin, scheduler, devicePlugin, otherDevicePlugin, nodelessDevicePlugin kubernetes.Interface
+	admin, scheduler, devicePlugin, otherDevicePlugin, nodelessDevicePlugin, devicePluginMaster kubernetes.Interface
 }
 
 func TestAdmissionPolicies(t *testing.T) {
@@ -87,6 +89,9 @@ func TestAdmissionPolicies(t *testing.T) {
 	c.devicePlugin = identity(ctx, t, cp, c.admin, "dynamig-device-plugin", migNode)
 	c.otherDevicePlugin = identity(ctx, t, cp, c.admin, "dynamig-device-plugin", otherNode)
 	c.nodelessDevicePlugin = nodelessIdentity(ctx, t, cp, c.admin, "dynamig-device-plugin")
+	if c.devicePluginMaster, err = cp.Client(cluster.UserDevicePlugin); err != nil {
+		t.Fatal(err)
+	}
 	typeCheck(t, c.admin, applyPolicies(ctx, t, c.admin))
 	waitEffective(ctx, t, c)
 
@@ -318,7 +323,9 @@ func testRefused(ctx context.Context, t *testing.T, c clients) {
 		policy: "dynamig-binding-reservations",
 		do: func(ctx context.Context) error {
 			p := createPod(ctx, t, c.admin, gpuPod("dp-binds", dynamigSched))
-			return c.devicePlugin.CoreV1().Pods(ns).Bind(ctx, reservationBinding(p.Name, p.UID), metav1.CreateOptions{})
+			// As the device plugin's user name in system:masters: its RBAC has no
+			// pods/binding, so only with every right does the policy's refusal show.
+			return c.devicePluginMaster.CoreV1().Pods(ns).Bind(ctx, reservationBinding(p.Name, p.UID), metav1.CreateOptions{})
 		},
 		want: []string{"do not bind with ", "only dynamig-scheduler writes them"},
 	}}
