@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // Set by the linker (the Makefile and the Dockerfiles):
@@ -88,4 +91,19 @@ func kubernetes(deps []*debug.Module) string {
 // String is the --version line of component.
 func (i Info) String(component string) string {
 	return fmt.Sprintf("%s %s (commit %s, Kubernetes %s, %s)", component, i.Version, i.Commit, i.Kubernetes, i.Go)
+}
+
+// AddFlag gives cmd a --version flag unless the process has one already: component-base's
+// (k8s.io/component-base/version/verflag registers itself on pflag.CommandLine, which cobra
+// merges into every command), whose values are false, true and raw.
+func AddFlag(cmd *cobra.Command) {
+	if pflag.CommandLine.Lookup("version") == nil {
+		cmd.Flags().Bool("version", false, "print the version, the commit and the Kubernetes version, and exit")
+	}
+}
+
+// Requested reports whether cmd was run with --version.
+func Requested(cmd *cobra.Command) bool {
+	f := cmd.Flags().Lookup("version")
+	return f != nil && f.Value.String() != "false"
 }

@@ -176,6 +176,9 @@ func start(ctx context.Context, tb ktesting.TB, ptb *processTB, opts Options) (_
 		"--endpoint-reconciler-type=none",
 		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
 		"--authorization-mode=RBAC",
+		// As kubeadm's and most clusters' API servers: the device plugin's DaemonSet is
+		// privileged (MIG instance creation needs it).
+		"--allow-privileged=true",
 		"--token-auth-file=" + tokenFile,
 		"--audit-policy-file=" + policy,
 		"--audit-log-path=" + cp.AuditLog,

@@ -74,11 +74,18 @@ func newRootCommand(stdout, stderr io.Writer, o *options) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "dynamig-device-plugin",
 		Short:         "dynamig's node agent: publishes the GPU inventory and realises MIG reservations",
-		Version:       version.Get().String("dynamig-device-plugin"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.SetVersionTemplate("{{.Version}}\n")
+	// Without a subcommand: --version, else the help.
+	root.RunE = func(c *cobra.Command, _ []string) error {
+		if version.Requested(c) {
+			fmt.Fprintln(c.OutOrStdout(), version.Get().String("dynamig-device-plugin"))
+			return nil
+		}
+		return c.Help()
+	}
+	version.AddFlag(root)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })

@@ -92,12 +92,17 @@ and rotates them and injects the CA into the MutatingWebhookConfiguration --webh
 			}
 			return nil
 		},
-		Version:       version.Get().String("dynamig-webhook"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		RunE:          func(cmd *cobra.Command, _ []string) error { return o.Run(cmd.Context()) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if version.Requested(cmd) {
+				fmt.Fprintln(cmd.OutOrStdout(), version.Get().String("dynamig-webhook"))
+				return nil
+			}
+			return o.Run(cmd.Context())
+		},
 	}
-	cmd.SetVersionTemplate("{{.Version}}\n")
+	version.AddFlag(cmd)
 	cmd.SetArgs(args)
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
