@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/manifests"
 	"github.com/dynamig/dynamig/signing"
 	"github.com/dynamig/dynamig/test/sandbox"
 )
@@ -51,6 +53,12 @@ type world struct {
 
 func start(t *testing.T, nodes ...sandbox.NodeConfig) *world {
 	t.Helper()
+	return startWith(t, install, nodes...)
+}
+
+// startWith starts a sandbox that installs the manifest at installFile.
+func startWith(t *testing.T, installFile string, nodes ...sandbox.NodeConfig) *world {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg := sandbox.DefaultConfig()
 	if len(nodes) > 0 {
@@ -58,7 +66,7 @@ func start(t *testing.T, nodes ...sandbox.NodeConfig) *world {
 	}
 	sctx, scancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer scancel()
-	sb, err := sandbox.Start(sctx, sandbox.Options{Config: cfg, Install: install})
+	sb, err := sandbox.Start(sctx, sandbox.Options{Config: cfg, Install: installFile})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -252,8 +260,46 @@ func (w *world) gone(node string, names ...string) {
 	})
 }
 
+// TestSeedExample runs the seed's example pods, unchanged, on the sandbox installed from
+// manifests/install.yaml, from the chart rendered with its defaults, and from the chart
+// rendered with a HAMi v2.10 values file (whose schedulerName, hami-scheduler, the webhook,
+// the policies and the scheduler's profile then all use): every object applied with
+// server-side apply, every component under the identity and rights the manifest gives it.
 func TestSeedExample(t *testing.T) {
-	w := start(t)
+	hamiValues, err := os.ReadFile("../../manifests/testdata/hami-v2.10-values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hami, err := manifests.ReadValues(hamiValues)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, scheduler string
+		values          map[string]any // nil: manifests/install.yaml as it is
+	}{
+		{"install.yaml", api.DefaultSchedulerName, nil},
+		{"chart defaults", api.DefaultSchedulerName, map[string]any{}},
+		{"chart with HAMi v2.10 values", "hami-scheduler", hami},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			file := install
+			if tc.values != nil {
+				rendered, err := manifests.Render(manifests.Namespace, tc.values)
+				if err != nil {
+					t.Fatal(err)
+				}
+				file = filepath.Join(t.TempDir(), "rendered.yaml")
+				if err := os.WriteFile(file, rendered, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			seedExample(t, startWith(t, file), tc.scheduler)
+		})
+	}
+}
+
+func seedExample(t *testing.T, w *world, scheduler string) {
 	for _, f := range []string{"gpu-pod1.yaml", "mig-workload.yaml"} {
 		data, err := os.ReadFile(examples + "/" + f)
 		if err != nil {
@@ -275,8 +321,8 @@ func TestSeedExample(t *testing.T) {
 		t.Fatalf("reservations: %v", recs)
 	}
 	for _, name := range []string{"gpu-pod1", "mig-workload"} {
-		if got := w.get(name).Spec.SchedulerName; got != api.DefaultSchedulerName {
-			t.Errorf("%s: schedulerName %q, want the webhook's %q", name, got, api.DefaultSchedulerName)
+		if got := w.get(name).Spec.SchedulerName; got != scheduler {
+			t.Errorf("%s: schedulerName %q, want the webhook's %q", name, got, scheduler)
 		}
 	}
 	for _, rs := range recs {
@@ -293,8 +339,6 @@ func TestSeedExample(t *testing.T) {
 	w.seesOwnDevices("mig-workload", "workload", recs["mig-workload"])
 }
 
-// seesOwnDevices checks the container's resolved NVIDIA_VISIBLE_DEVICES: exactly the MIG
-// UUIDs of its reservations, in device order.
 func (w *world) seesOwnDevices(podName, container string, recs []api.MigReservation) {
 	w.t.Helper()
 	env, err := w.sb.ContainerEnv(w.ctx, "default", podName, container)
