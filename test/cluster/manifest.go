@@ -1,12 +1,8 @@
 package cluster
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -15,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -23,40 +18,31 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
+
+	"github.com/dynamig/dynamig/manifests"
 )
 
 // DecodeManifest decodes a YAML stream of Kubernetes objects (documents separated by ---)
 // into typed objects; documents holding only comments are skipped, and an error names the
 // document.
 func DecodeManifest(data []byte) ([]runtime.Object, error) {
-	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	var out []runtime.Object
-	for i := 1; ; i++ {
-		doc, err := reader.Read()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
+	objs, err := manifests.Objects(data)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]runtime.Object, 0, len(objs))
+	for _, u := range objs {
+		raw, err := u.MarshalJSON()
 		if err != nil {
 			return nil, err
 		}
-		if isCommentOnly(doc) {
-			continue
-		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(raw, nil, nil)
 		if err != nil {
-			return nil, fmt.Errorf("document %d: %w", i, err)
+			return nil, fmt.Errorf("%s %s: %w", u.GetKind(), u.GetName(), err)
 		}
 		out = append(out, obj)
 	}
-}
-
-func isCommentOnly(doc []byte) bool {
-	for _, line := range bytes.Split(doc, []byte("\n")) {
-		if l := bytes.TrimSpace(line); len(l) > 0 && l[0] != '#' {
-			return false
-		}
-	}
-	return true
+	return out, nil
 }
 
 // Apply server-side applies objs through cfg's identity, as `kubectl apply --server-side`
