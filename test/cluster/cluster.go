@@ -42,6 +42,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	certutil "k8s.io/client-go/util/cert"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
 	"k8s.io/kubernetes/test/utils/ktesting"
@@ -166,6 +167,21 @@ func start(ctx context.Context, tb ktesting.TB, ptb *processTB, opts Options) (_
 		return nil, err
 	}
 	cp.AuditLog = filepath.Join(dir, "audit.log")
+	// The serving certificate, made here: left to itself, the test server writes a generated
+	// one into its package's testdata folder in the module cache, which only root may write
+	// (a normal user's module cache is read-only), and the demo would need root.
+	servingCert, servingKey, err := certutil.GenerateSelfSignedCertKey("127.0.0.1",
+		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")}, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"})
+	if err != nil {
+		return nil, err
+	}
+	certFile, keyFile := filepath.Join(dir, "apiserver.crt"), filepath.Join(dir, "apiserver.key")
+	if err := os.WriteFile(certFile, servingCert, 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(keyFile, servingKey, 0o600); err != nil {
+		return nil, err
+	}
 
 	storage := storagebackend.NewDefaultConfig(path.Join("/", randomHex(8), "registry"), nil)
 	storage.Transport.ServerList = []string{cp.EtcdURL}
@@ -175,6 +191,8 @@ func start(ctx context.Context, tb ktesting.TB, ptb *processTB, opts Options) (_
 		// controller would lift the not-ready taint TaintNodesByCondition puts on new nodes.
 		"--endpoint-reconciler-type=none",
 		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+		"--tls-cert-file=" + certFile,
+		"--tls-private-key-file=" + keyFile,
 		"--authorization-mode=RBAC",
 		// As kubeadm's and most clusters' API servers: the device plugin's DaemonSet is
 		// privileged (MIG instance creation needs it).
