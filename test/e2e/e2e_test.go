@@ -337,6 +337,42 @@ func seedExample(t *testing.T, w *world, scheduler string) {
 	// Each container sees its own MIG devices, and nothing else.
 	w.seesOwnDevices("gpu-pod1", "ubuntu-container1", recs["gpu-pod1"])
 	w.seesOwnDevices("mig-workload", "workload", recs["mig-workload"])
+	w.componentsAsServiceAccounts()
+}
+
+// componentsAsServiceAccounts: at the API server, every write of the scheduler and the device
+// plugins came with a token bound to a pod of their workload (its name in the user's extra),
+// and a device plugin's with its node, the node of what it wrote.
+func (w *world) componentsAsServiceAccounts() {
+	const podKey, nodeKey = "authentication.kubernetes.io/pod-name", "authentication.kubernetes.io/node-name"
+	events, err := w.sb.ControlPlane().AuditEvents()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, ev := range events {
+		user := ev.User.Username
+		if user != "system:serviceaccount:dynamig-system:dynamig-scheduler" && user != "system:serviceaccount:dynamig-system:dynamig-device-plugin" {
+			continue
+		}
+		seen[user]++
+		pod, node := ev.User.Extra[podKey], ev.User.Extra[nodeKey]
+		if len(pod) != 1 {
+			w.t.Errorf("%s wrote %s %v without a pod-bound token (extra %v)", user, ev.Verb, ev.ObjectRef, ev.User.Extra)
+			continue
+		}
+		if strings.HasSuffix(user, "dynamig-device-plugin") {
+			if len(node) != 1 || pod[0] != "dynamig-device-plugin-"+node[0] {
+				w.t.Errorf("device plugin write %s %v: pod %v, node %v", ev.Verb, ev.ObjectRef, pod, node)
+			}
+			if r := ev.ObjectRef; r != nil && r.Resource == "nodes" && len(node) == 1 && r.Name != node[0] {
+				w.t.Errorf("the device plugin of %s wrote Node %s", node[0], r.Name)
+			}
+		}
+	}
+	if seen["system:serviceaccount:dynamig-system:dynamig-scheduler"] == 0 || seen["system:serviceaccount:dynamig-system:dynamig-device-plugin"] == 0 {
+		w.t.Errorf("writes per component at the API server: %v", seen)
+	}
 }
 
 func (w *world) seesOwnDevices(podName, container string, recs []api.MigReservation) {

@@ -167,6 +167,15 @@ func devicePluginPaths(n *node) func(*v1.Pod) {
 	}
 }
 
+// withoutProbes drops the pod's probes: the fake runtime runs no process the kubelet could
+// probe (the component itself runs in this process), so they would keep it unready.
+func withoutProbes(p *v1.Pod) {
+	for i := range p.Spec.Containers {
+		c := &p.Spec.Containers[i]
+		c.LivenessProbe, c.ReadinessProbe, c.StartupProbe = nil, nil, nil
+	}
+}
+
 // schedulerNameOf is the profile name GPU pods get from the webhook.
 func schedulerNameOf(webhook *unstructured.Unstructured) string {
 	containers, _, _ := unstructured.NestedSlice(webhook.Object, "spec", "template", "spec", "containers")

@@ -210,7 +210,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.schedulerKubeconfig, err = s.identity(ctx, deployment, first, nil); err != nil {
+	if s.schedulerKubeconfig, err = s.identity(ctx, deployment, first, withoutProbes); err != nil {
 		return nil, err
 	}
 	if err := s.startScheduler(); err != nil {

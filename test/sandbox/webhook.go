@@ -29,7 +29,7 @@ func (s *Sandbox) startWebhook(ctx context.Context, addr, node string) error {
 	if err != nil {
 		return err
 	}
-	kubeconfig, err := s.identity(ctx, deployment, node, nil)
+	kubeconfig, err := s.identity(ctx, deployment, node, withoutProbes)
 	if err != nil {
 		return err
 	}
