@@ -112,7 +112,7 @@ bench-throughput-extender:
 
 # A burst of 56 one-slice pods at one node of 8 A100-40GB on the whole sandbox, NVML taking
 # 1.5 s per GPU-instance create, three runs, written to docs/benchmarks/burst.md (~3 minutes).
-bench-burst:
+bench-burst: $(KUBELET)
 	$(GO) run ./test/bench/burst/cmd -out docs/benchmarks
 
 # The same at 100 nodes and 1000 pods (about 3 minutes), written to /tmp/dynamig-throughput.
