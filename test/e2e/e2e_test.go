@@ -6,11 +6,13 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -37,10 +39,28 @@ const (
 	examples = "../../examples"
 )
 
+// kubectlDynamigBinary is bin/kubectl-dynamig, built by TestMain: the tests run it as a user
+// does. (It cannot be linked into this test binary: cli-runtime brings kustomize, which
+// imports Go's plugin package, and a binary that does is bound at load time, which go-nvml's
+// deliberately unresolved NVML symbols, linked here through the device plugin, cannot be.)
+var kubectlDynamigBinary string
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	sandbox.QuietLogs(testing.Verbose())
-	os.Exit(m.Run())
+	dir, err := os.MkdirTemp("", "e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	kubectlDynamigBinary = filepath.Join(dir, "kubectl-dynamig")
+	if out, err := exec.Command("go", "build", "-o", kubectlDynamigBinary, "github.com/dynamig/dynamig/cmd/kubectl-dynamig").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building kubectl-dynamig: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // world is one suite's sandbox.
@@ -338,6 +358,40 @@ func seedExample(t *testing.T, w *world, scheduler string) {
 	w.seesOwnDevices("gpu-pod1", "ubuntu-container1", recs["gpu-pod1"])
 	w.seesOwnDevices("mig-workload", "workload", recs["mig-workload"])
 	w.componentsAsServiceAccounts()
+	w.kubectlDynamig(recs)
+}
+
+// kubectlDynamig: `kubectl dynamig nodes` shows the seed layout (two 2g.10gb of gpu-pod1 at
+// [0,2) and [2,4), mig-workload's at [4,6), [6,8) free) and `pods -A` the pods realised
+// with their MIG UUIDs.
+func (w *world) kubectlDynamig(recs map[string][]api.MigReservation) {
+	run := func(args ...string) string {
+		var out, errOut bytes.Buffer
+		cmd := exec.CommandContext(w.ctx, kubectlDynamigBinary, append([]string{"--kubeconfig", w.sb.Kubeconfig()}, args...)...)
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		if err := cmd.Run(); err != nil {
+			w.t.Fatalf("kubectl dynamig %v: %v: %s", args, err, errOut.String())
+		}
+		return out.String()
+	}
+	nodes := run("nodes", "mig-node")
+	for _, want := range []string{"mig-node  heartbeat fresh", "|a a b b c c . .|", "[0,2)  2g.10gb  default/gpu-pod1", "[2,4)  2g.10gb  default/gpu-pod1",
+		"[4,6)  2g.10gb  default/mig-workload", "[6,8)  free", "room   1g.5gb 1 at [6,7)"} {
+		if !strings.Contains(nodes, want) {
+			w.t.Errorf("kubectl dynamig nodes lacks %q:\n%s", want, nodes)
+		}
+	}
+	pods := run("pods", "-A", "-o", "wide")
+	for name, rs := range recs {
+		for _, r := range rs {
+			if !strings.Contains(pods, r.MigUUID) || !strings.Contains(pods, name) {
+				w.t.Errorf("kubectl dynamig pods -A lacks %s's %s:\n%s", name, r.MigUUID, pods)
+			}
+		}
+	}
+	if !strings.Contains(pods, "realised") {
+		w.t.Errorf("kubectl dynamig pods -A:\n%s", pods)
+	}
 }
 
 // componentsAsServiceAccounts: at the API server, every write of the scheduler and the device

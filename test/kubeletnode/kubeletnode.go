@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -383,11 +384,35 @@ func (b *LogBuffer) String() string {
 	return b.buf.String()
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+func freePort() (int, error) { return FreePort() }
+
+// FreePort is a free 127.0.0.1 port for a listener that opens later, chosen below the
+// kernel's ephemeral port range: a port of that range (what port 0 gives) may be handed to
+// an outgoing connection in between, and the listener then fails with "address already in
+// use" (seen with a device plugin's metrics port while the kubelets and the API server
+// opened connections).
+func FreePort() (int, error) {
+	low := 32768
+	if raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(raw)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				low = v
+			}
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	const base = 10000
+	for range 200 {
+		port := 0 // the kernel's choice, when the ephemeral range leaves no room below it
+		if low > base+1000 {
+			port = base + rand.IntN(low-base)
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		port = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		return port, nil
+	}
+	return 0, fmt.Errorf("no free port found below %d", low)
 }

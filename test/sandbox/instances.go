@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/inspect"
 )
 
 // Instance is a MIG instance as a node's device plugin reports it (dynamig_mig_instance),
@@ -118,6 +119,7 @@ type SlotRange struct {
 	Pod       string // namespace/name, or name in the default namespace
 	Profile   string
 	Realized  bool
+	migUUID   string
 }
 
 // String prints `node GPU-… (type): [0,2) pod 2g.10gb | … | [6,8) free`; a hami-core GPU
@@ -175,24 +177,18 @@ func (s *Sandbox) Occupancy(ctx context.Context) ([]GPUOccupancy, error) {
 				name = p.Namespace + "/" + p.Name
 			}
 			for _, r := range recs {
-				byGPU[r.GPUUUID] = append(byGPU[r.GPUUUID], SlotRange{Placement: r.Placement, Pod: name, Profile: r.Profile, Realized: r.Realized()})
+				byGPU[r.GPUUUID] = append(byGPU[r.GPUUUID], SlotRange{Placement: r.Placement, Pod: name, Profile: r.Profile, Realized: r.Realized(), migUUID: r.MigUUID})
 			}
 		}
 		for _, g := range gpus {
 			o := GPUOccupancy{Node: n.cfg.Name, GPU: g}
 			if g.Mode == api.ModeMIG {
-				used := byGPU[g.ID]
-				slices.SortFunc(used, func(a, b SlotRange) int { return a.Placement.Start - b.Placement.Start })
-				at := 0
-				for _, r := range used {
-					if r.Placement.Start > at {
-						o.Slots = append(o.Slots, SlotRange{Placement: api.Placement{Start: at, Size: r.Placement.Start - at}})
-					}
-					o.Slots = append(o.Slots, r)
-					at = max(at, r.Placement.End())
+				var used []inspect.SlotRange
+				for _, r := range byGPU[g.ID] {
+					used = append(used, inspect.SlotRange{Placement: r.Placement, Pod: r.Pod, Profile: r.Profile, MIGUUID: r.migUUID})
 				}
-				if slots := g.SlotCount(); slots > at {
-					o.Slots = append(o.Slots, SlotRange{Placement: api.Placement{Start: at, Size: slots - at}})
+				for _, r := range inspect.SlotMap(g.SlotCount(), used) {
+					o.Slots = append(o.Slots, SlotRange{Placement: r.Placement, Pod: r.Pod, Profile: r.Profile, Realized: r.MIGUUID != "", migUUID: r.MIGUUID})
 				}
 			}
 			out = append(out, o)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -60,12 +61,11 @@ func (s *Sandbox) newNode(cfg NodeConfig) (*node, error) {
 	if n.dir, err = os.MkdirTemp("", "dn"); err != nil {
 		return n, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := kubeletnode.FreePort()
 	if err != nil {
 		return n, err
 	}
-	n.metricsAddr = ln.Addr().String()
-	ln.Close()
+	n.metricsAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	specs := make([]sim.GPUSpec, len(cfg.GPUs))
 	for i, g := range cfg.GPUs {
 		specs[i] = sim.GPUSpec{Model: g}

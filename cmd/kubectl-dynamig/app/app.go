@@ -1,0 +1,218 @@
+// Package app is `kubectl dynamig`: what dynamig did, read from the cluster — per GPU the
+// slot map of MIG reservations and the room left per profile (`nodes`), the GPU pods and the
+// state of their reservations (`pods`), and the built-in GPU model table (`models`).
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/spf13/cobra"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/inspect"
+	"github.com/dynamig/dynamig/version"
+)
+
+// Output formats (-o).
+const (
+	outputTable = "table"
+	outputWide  = "wide"
+	outputJSON  = "json"
+	outputYAML  = "yaml"
+)
+
+// options are the flags every subcommand shares.
+type options struct {
+	config         *genericclioptions.ConfigFlags
+	streams        genericiooptions.IOStreams
+	output         string
+	leaseNamespace string
+	resource       string
+	// now is the clock ages and heartbeats are read against (tests fix it).
+	now func() time.Time
+}
+
+// NewCommand returns `kubectl dynamig` writing to streams.
+func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
+	o := &options{config: genericclioptions.NewConfigFlags(true), streams: streams, now: time.Now}
+	root := &cobra.Command{
+		Use:           "kubectl-dynamig",
+		Short:         "See what dynamig did: GPU slot maps, reservations, the GPU model table",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if version.Requested(c) {
+				fmt.Fprintln(c.OutOrStdout(), version.Get().String("kubectl-dynamig"))
+				return nil
+			}
+			return c.Help()
+		},
+	}
+	version.AddFlag(root)
+	root.SetOut(streams.Out)
+	root.SetErr(streams.ErrOut)
+	o.config.AddFlags(root.PersistentFlags())
+	root.PersistentFlags().StringVarP(&o.output, "output", "o", outputTable, "output format: table, wide, json or yaml")
+	root.PersistentFlags().StringVar(&o.leaseNamespace, "lease-namespace", api.DefaultSystemNamespace, "namespace of the device plugins' heartbeat Leases (the chart's release namespace)")
+	root.PersistentFlags().StringVar(&o.resource, "resource-name", string(api.ResourceCount), "the GPU count resource that makes a pod a GPU pod")
+	root.AddCommand(o.nodesCommand(), o.podsCommand(), o.modelsCommand())
+	return root
+}
+
+func (o *options) validOutput() error {
+	switch o.output {
+	case outputTable, outputWide, outputJSON, outputYAML:
+		return nil
+	}
+	return fmt.Errorf("--output %q: want table, wide, json or yaml", o.output)
+}
+
+// snapshot reads the cluster's GPU side: every node, pod and heartbeat Lease.
+func (o *options) snapshot(ctx context.Context) (*inspect.Cluster, error) {
+	cfg, err := o.config.ToRESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	pods, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing pods: %w", err)
+	}
+	leases, err := client.CoordinationV1().Leases(o.leaseNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing the heartbeat Leases in %s: %w", o.leaseNamespace, err)
+	}
+	return inspect.Build(nodes.Items, pods.Items, leases.Items, v1.ResourceName(o.resource), o.now()), nil
+}
+
+// print writes v as JSON or YAML; ok is false for the table formats.
+func (o *options) print(v any) (ok bool, err error) {
+	switch o.output {
+	case outputJSON:
+		raw, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			return true, err
+		}
+		_, err = fmt.Fprintf(o.streams.Out, "%s\n", raw)
+		return true, err
+	case outputYAML:
+		raw, err := yaml.Marshal(v)
+		if err != nil {
+			return true, err
+		}
+		_, err = o.streams.Out.Write(raw)
+		return true, err
+	}
+	return false, nil
+}
+
+func (o *options) nodesCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "nodes [NODE...]",
+		Short: "Per GPU: the slot map (which pod holds which placement, with its profile), the room left per profile, hami-core shares, the heartbeat",
+		RunE: func(c *cobra.Command, names []string) error {
+			if err := o.validOutput(); err != nil {
+				return err
+			}
+			cl, err := o.snapshot(c.Context())
+			if err != nil {
+				return err
+			}
+			nodes := cl.Nodes
+			if len(names) > 0 {
+				nodes = slices.DeleteFunc(slices.Clone(nodes), func(n inspect.Node) bool { return !slices.Contains(names, n.Name) })
+				for _, name := range names {
+					if !slices.ContainsFunc(nodes, func(n inspect.Node) bool { return n.Name == name }) {
+						return fmt.Errorf("node %q publishes no GPU inventory and has no dynamig heartbeat (not a dynamig GPU node, or no such node)", name)
+					}
+				}
+			}
+			if ok, err := o.print(map[string]any{"nodes": nodes}); ok {
+				return err
+			}
+			return writeNodes(o.streams.Out, nodes, o.output == outputWide, o.now())
+		},
+	}
+}
+
+func (o *options) podsCommand() *cobra.Command {
+	var all bool
+	c := &cobra.Command{
+		Use:   "pods",
+		Short: "GPU pods with their reservations and realisation state (reserved, realised with the MIG UUID, failed with the reason)",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if err := o.validOutput(); err != nil {
+				return err
+			}
+			ns := ""
+			if !all {
+				var err error
+				if ns, _, err = o.config.ToRawKubeConfigLoader().Namespace(); err != nil {
+					return err
+				}
+			}
+			cl, err := o.snapshot(c.Context())
+			if err != nil {
+				return err
+			}
+			pods := cl.Pods
+			if ns != "" {
+				pods = slices.DeleteFunc(slices.Clone(pods), func(p inspect.Pod) bool { return p.Namespace != ns })
+			}
+			if ok, err := o.print(map[string]any{"pods": pods}); ok {
+				return err
+			}
+			return writePods(o.streams.Out, pods, all, o.output == outputWide, o.now())
+		},
+	}
+	c.Flags().BoolVarP(&all, "all-namespaces", "A", false, "GPU pods of every namespace")
+	return c
+}
+
+func (o *options) modelsCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "models",
+		Short: "The built-in GPU model table: profiles, memory, slices, placements, instance counts, the default allowlist",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if err := o.validOutput(); err != nil {
+				return err
+			}
+			models := modelTable()
+			if ok, err := o.print(map[string]any{"models": models}); ok {
+				return err
+			}
+			return writeModels(o.streams.Out, models, o.output == outputWide)
+		},
+	}
+}
+
+// Main runs the command with args; the exit status is 0, or 1 with the error on stderr.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := NewCommand(genericiooptions.IOStreams{In: nil, Out: stdout, ErrOut: stderr})
+	cmd.SetArgs(args)
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(stderr, "Error:", err)
+		return 1
+	}
+	return 0
+}

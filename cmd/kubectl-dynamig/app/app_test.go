@@ -1,0 +1,147 @@
+package app
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/inspect"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+var now = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+
+// seed is the seed example's cluster: an A100-PCIE-40GB holding gpu-pod1's two 2g.10gb at
+// [0,2) and [2,4) and mig-workload's at [4,6), and a hami-core node with one share.
+func seed(t *testing.T) *inspect.Cluster {
+	t.Helper()
+	m, _ := config.LookupModel("A100-40GB")
+	mig := api.GPU{ID: "GPU-1e4b6a9d-4fff-a516-3e24-1d86151d01bc", Type: "NVIDIA A100-PCIE-40GB", Mode: api.ModeMIG, Health: true, Slots: 8, Count: 7, Devmem: m.MemoryMiB, Devcore: 100}
+	for _, name := range []string{"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"} {
+		p, _ := m.Profile(name)
+		mig.MigProfiles = append(mig.MigProfiles, api.MigProfile{Name: p.Name, MemoryMB: p.MemoryMiB, Core: m.CorePercent(p),
+			SliceCount: p.ParsedName().Slices, Placements: p.Placements.List(), Instances: p.Instances})
+	}
+	core := api.GPU{ID: "GPU-d7433ef1-6800-7560-ce0d-135ac7eef641", Type: "NVIDIA A100-SXM4-40GB", Mode: api.ModeHAMiCore, Health: true, Count: 10, Devmem: 40960, Devcore: 100}
+	nodes := []v1.Node{invNode(t, "mig-node", mig), invNode(t, "core-node", core)}
+	rec := func(dev, start int, uuid string) api.MigReservation {
+		r := api.MigReservation{DeviceIndex: dev, GPUUUID: mig.ID, Profile: "2g.10gb", Placement: api.Placement{Start: start, Size: 2}}
+		r.SetRuntime(uuid, uint32(start/2+1), 0)
+		return r
+	}
+	pods := []v1.Pod{
+		migPod(t, "gpu-pod1", now.Add(-2*time.Minute), rec(0, 0, "MIG-aaaaaaaa-1111-2222-3333-444444444444"), rec(1, 2, "MIG-bbbbbbbb-1111-2222-3333-444444444444")),
+		migPod(t, "mig-workload", now.Add(-time.Minute), rec(0, 4, "MIG-cccccccc-1111-2222-3333-444444444444")),
+		{ObjectMeta: metav1.ObjectMeta{Name: "shared", Namespace: "team-a", CreationTimestamp: metav1.Time{Time: now.Add(-time.Hour)}, Annotations: map[string]string{
+			api.DevicesAllocatedAnnotation: api.EncodeHAMiCoreDevices([][]api.HAMiCoreDevice{{{UUID: core.ID, Type: "NVIDIA", MemoryMiB: 4000, Cores: 30}}}),
+			api.BindPhaseAnnotation:        api.BindPhaseSuccess}}, Spec: v1.PodSpec{NodeName: "core-node"}, Status: v1.PodStatus{Phase: v1.PodRunning}},
+	}
+	var leases []coordinationv1.Lease
+	for _, n := range []string{"mig-node", "core-node"} {
+		leases = append(leases, coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: api.HeartbeatLeasePrefix + n},
+			Spec: coordinationv1.LeaseSpec{RenewTime: &metav1.MicroTime{Time: now.Add(-5 * time.Second)}, LeaseDurationSeconds: ptr.To[int32](40)}})
+	}
+	return inspect.Build(nodes, pods, leases, api.ResourceCount, now)
+}
+
+func invNode(t *testing.T, name string, gpus ...api.GPU) v1.Node {
+	t.Helper()
+	raw, err := api.EncodeInventory(gpus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{api.NodeInventoryAnnotation: raw}}}
+}
+
+func migPod(t *testing.T, name string, created time.Time, recs ...api.MigReservation) v1.Pod {
+	t.Helper()
+	raw, err := api.EncodeMigReservations(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", CreationTimestamp: metav1.Time{Time: created},
+		Annotations: map[string]string{api.MigReservationsAnnotation: raw, api.BindPhaseAnnotation: api.BindPhaseSuccess}},
+		Spec: v1.PodSpec{NodeName: "mig-node"}, Status: v1.PodStatus{Phase: v1.PodRunning}}
+}
+
+// golden compares got with testdata/name, or rewrites it with -update.
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the output (run go test -update to accept it):\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+// TestTableOutput: the table output as a user sees it, for the seed example.
+func TestTableOutput(t *testing.T) {
+	c := seed(t)
+	for _, tc := range []struct {
+		name  string
+		write func(*bytes.Buffer) error
+	}{
+		{"nodes.golden", func(b *bytes.Buffer) error { return writeNodes(b, c.Nodes, false, now) }},
+		{"nodes-wide.golden", func(b *bytes.Buffer) error { return writeNodes(b, c.Nodes, true, now) }},
+		{"pods.golden", func(b *bytes.Buffer) error { return writePods(b, c.Pods, true, false, now) }},
+		{"models.golden", func(b *bytes.Buffer) error { return writeModels(b, modelTable(), false) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b bytes.Buffer
+			if err := tc.write(&b); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, tc.name, b.Bytes())
+		})
+	}
+}
+
+// TestJSONOutput: -o json is the documented schema (inspect's types), lossless.
+func TestJSONOutput(t *testing.T) {
+	c := seed(t)
+	var b bytes.Buffer
+	o := &options{output: outputJSON}
+	o.streams.Out = &b
+	if ok, err := o.print(map[string]any{"nodes": c.Nodes}); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	var got struct {
+		Nodes []inspect.Node `json:"nodes"`
+	}
+	dec := json.NewDecoder(&b)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Nodes) != 2 || got.Nodes[1].Name != "mig-node" || len(got.Nodes[1].GPUs[0].Slots) != 4 ||
+		got.Nodes[1].GPUs[0].Slots[2].Pod != "default/mig-workload" || got.Nodes[1].GPUs[0].Slots[2].MIGUUID == "" {
+		t.Errorf("decoded: %+v", got.Nodes)
+	}
+}
+
+func TestBadOutput(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := Main(t.Context(), []string{"models", "-o", "xml"}, &out, &errOut); code != 1 || !bytes.Contains(errOut.Bytes(), []byte(`--output "xml"`)) {
+		t.Errorf("exit %d, stderr %q", code, errOut.String())
+	}
+}
