@@ -66,7 +66,7 @@ lint:
 	$(GO) vet ./...
 	@# api, config, nvml, the allocator and the webhook must not link k8s.io/kubernetes
 	@# (docs/architecture.md).
-	@for p in ./api/... ./config/... ./nvml/... ./signing/... ./manifests/... ./version/... ./plugins/dynamicmig/placement/... ./plugins/dynamicmig/request/... ./webhook/... ./cmd/dynamig-webhook/...; do \
+	@for p in ./api/... ./config/... ./nvml/... ./signing/... ./manifests/... ./version/... ./inspect/... ./plugins/dynamicmig/placement/... ./plugins/dynamicmig/request/... ./webhook/... ./cmd/dynamig-webhook/...; do \
 		if $(GO) list -deps -test $$p | grep -q '^k8s.io/kubernetes/'; then echo "$$p links k8s.io/kubernetes"; exit 1; fi; \
 	done
 
