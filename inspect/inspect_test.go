@@ -1,6 +1,7 @@
 package inspect
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
 
 // a100 is an A100-PCIE-40GB's inventory entry, as the device plugin publishes it with the
@@ -166,5 +168,50 @@ func TestRoomLimits(t *testing.T) {
 	}
 	if slots := out.Slots; len(slots) != 8 || slots[7].Pod != "" || slots[7].Placement != (api.Placement{Start: 7, Size: 1}) {
 		t.Errorf("slots: %+v", slots)
+	}
+}
+
+func TestExplain(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	args := &config.DynamicMIGArgs{}
+	args.SetDefaults()
+	device := config.DefaultDeviceConfig()
+	gpu := "GPU-1"
+	full := migPod(t, "full", "n1", api.BindPhaseSuccess, rec(gpu, "2g.10gb", 0, 2), rec(gpu, "2g.10gb", 2, 2), rec(gpu, "2g.10gb", 4, 2))
+	nodes := []v1.Node{node(t, "n1", a100(t, gpu)), node(t, "n2", a100(t, "GPU-2")), node(t, "n3", a100(t, "GPU-3")), node(t, "n4", a100(t, "GPU-4"))}
+	leases := []coordinationv1.Lease{lease("n1", now), lease("n2", now), lease("n3", now.Add(-time.Hour))}
+	ask := func(mem string) *v1.Pod {
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "want", Namespace: "default", UID: "u"}, Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c",
+			Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("1"), api.ResourceMemory: resource.MustParse(mem)}}}}}}
+	}
+	for _, tc := range []struct {
+		name string
+		pod  *v1.Pod
+		want map[string]string // node → reason ("" fits)
+	}{
+		{"3g.20gb", ask("19000"), map[string]string{"n1": string(placement.ReasonPlacementsTaken), "n2": "", "n3": "node's dynamig-device-plugin heartbeat expired", "n4": "node's dynamig-device-plugin heartbeat missing"}},
+		{"no profile that big", ask("50000"), map[string]string{"n1": string(placement.ReasonNoProfile), "n2": string(placement.ReasonNoProfile)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Explain(tc.pod, nodes, []v1.Pod{full}, leases, args, device, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, v := range got {
+				want, ok := tc.want[v.Node]
+				if !ok {
+					continue
+				}
+				if v.Reason != want || v.Fits != (want == "") {
+					t.Errorf("%s: fits %v reason %q (%s), want %q", v.Node, v.Fits, v.Reason, v.Detail, want)
+				}
+				if v.Fits && (len(v.Devices) != 1 || !strings.Contains(v.Devices[0], "3g.20gb [") || !strings.HasSuffix(v.Devices[0], "on GPU-2")) {
+					t.Errorf("%s: devices %v", v.Node, v.Devices)
+				}
+			}
+		})
+	}
+	if _, err := Explain(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cpu"}}, nodes, nil, leases, args, device, now); err == nil || !strings.Contains(err.Error(), "not a GPU pod") {
+		t.Errorf("CPU pod: %v", err)
 	}
 }

@@ -392,6 +392,16 @@ func (w *world) kubectlDynamig(recs map[string][]api.MigReservation) {
 	if !strings.Contains(pods, "realised") {
 		w.t.Errorf("kubectl dynamig pods -A:\n%s", pods)
 	}
+	// A 3g.20gb MIG pod cannot fit beside the three 2g.10gb: explain says so per node.
+	big := pod("too-big", api.ModeMIG, 1, 19000)
+	big.Spec.SchedulerName = "" // the webhook names the installed scheduler
+	w.create(big)
+	explain := run("explain", "too-big", "-n", "default")
+	for _, want := range []string{"mig-node    no     all MIG placements taken", "every placement of 3g.20gb is taken", "core-node   no"} {
+		if !strings.Contains(explain, want) {
+			w.t.Errorf("kubectl dynamig explain lacks %q:\n%s", want, explain)
+		}
+	}
 }
 
 // componentsAsServiceAccounts: at the API server, every write of the scheduler and the device

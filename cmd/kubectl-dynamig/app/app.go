@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
@@ -20,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/inspect"
 	"github.com/dynamig/dynamig/version"
 )
@@ -66,7 +69,7 @@ func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
 	root.PersistentFlags().StringVarP(&o.output, "output", "o", outputTable, "output format: table, wide, json or yaml")
 	root.PersistentFlags().StringVar(&o.leaseNamespace, "lease-namespace", api.DefaultSystemNamespace, "namespace of the device plugins' heartbeat Leases (the chart's release namespace)")
 	root.PersistentFlags().StringVar(&o.resource, "resource-name", string(api.ResourceCount), "the GPU count resource that makes a pod a GPU pod")
-	root.AddCommand(o.nodesCommand(), o.podsCommand(), o.modelsCommand())
+	root.AddCommand(o.nodesCommand(), o.podsCommand(), o.explainCommand(), o.modelsCommand())
 	return root
 }
 
@@ -78,8 +81,16 @@ func (o *options) validOutput() error {
 	return fmt.Errorf("--output %q: want table, wide, json or yaml", o.output)
 }
 
-// snapshot reads the cluster's GPU side: every node, pod and heartbeat Lease.
-func (o *options) snapshot(ctx context.Context) (*inspect.Cluster, error) {
+// objects are the cluster objects the views are built from.
+type objects struct {
+	client kubernetes.Interface
+	nodes  []v1.Node
+	pods   []v1.Pod
+	leases []coordinationv1.Lease
+}
+
+// read lists every node, pod and heartbeat Lease.
+func (o *options) read(ctx context.Context) (*objects, error) {
 	cfg, err := o.config.ToRESTConfig()
 	if err != nil {
 		return nil, err
@@ -100,7 +111,16 @@ func (o *options) snapshot(ctx context.Context) (*inspect.Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing the heartbeat Leases in %s: %w", o.leaseNamespace, err)
 	}
-	return inspect.Build(nodes.Items, pods.Items, leases.Items, v1.ResourceName(o.resource), o.now()), nil
+	return &objects{client: client, nodes: nodes.Items, pods: pods.Items, leases: leases.Items}, nil
+}
+
+// snapshot reads the cluster's GPU side.
+func (o *options) snapshot(ctx context.Context) (*inspect.Cluster, error) {
+	obj, err := o.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return inspect.Build(obj.nodes, obj.pods, obj.leases, v1.ResourceName(o.resource), o.now()), nil
 }
 
 // print writes v as JSON or YAML; ok is false for the table formats.
@@ -186,6 +206,64 @@ func (o *options) podsCommand() *cobra.Command {
 	}
 	c.Flags().BoolVarP(&all, "all-namespaces", "A", false, "GPU pods of every namespace")
 	return c
+}
+
+func (o *options) explainCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "explain POD",
+		Short: "Per node, whether the pod's GPU request fits now and, if not, why: dynamig's Filter (heartbeat, inventory, the allocator) on the cluster's current state",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			if err := o.validOutput(); err != nil {
+				return err
+			}
+			ns, _, err := o.config.ToRawKubeConfigLoader().Namespace()
+			if err != nil {
+				return err
+			}
+			obj, err := o.read(c.Context())
+			if err != nil {
+				return err
+			}
+			i := slices.IndexFunc(obj.pods, func(p v1.Pod) bool { return p.Namespace == ns && p.Name == args[0] })
+			if i < 0 {
+				return fmt.Errorf("pod %s/%s not found", ns, args[0])
+			}
+			pod := &obj.pods[i]
+			device, source, err := o.deviceConfig(c.Context(), obj.client)
+			if err != nil {
+				return err
+			}
+			schedArgs := &config.DynamicMIGArgs{}
+			schedArgs.SetDefaults()
+			schedArgs.ResourceCountName = o.resource
+			verdicts, err := inspect.Explain(pod, obj.nodes, obj.pods, obj.leases, schedArgs, device, o.now())
+			if err != nil {
+				return err
+			}
+			if ok, err := o.print(map[string]any{"pod": ns + "/" + pod.Name, "node": pod.Spec.NodeName, "deviceConfig": source, "nodes": verdicts}); ok {
+				return err
+			}
+			return writeExplain(o.streams.Out, pod, source, verdicts)
+		},
+	}
+}
+
+// deviceConfig is the cluster's device config (the chart's ConfigMap dynamig-device-config
+// in the release namespace), or HAMi v2.10's defaults where there is none; source says which.
+func (o *options) deviceConfig(ctx context.Context, client kubernetes.Interface) (*config.DeviceConfig, string, error) {
+	cm, err := client.CoreV1().ConfigMaps(o.leaseNamespace).Get(ctx, "dynamig-device-config", metav1.GetOptions{})
+	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
+		return config.DefaultDeviceConfig(), "HAMi v2.10's defaults (no readable ConfigMap " + o.leaseNamespace + "/dynamig-device-config)", nil
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	dev, err := config.ParseDeviceConfig([]byte(cm.Data["device-config.yaml"]))
+	if err != nil {
+		return nil, "", fmt.Errorf("ConfigMap %s/dynamig-device-config: %w", o.leaseNamespace, err)
+	}
+	return dev, "ConfigMap " + o.leaseNamespace + "/dynamig-device-config", nil
 }
 
 func (o *options) modelsCommand() *cobra.Command {

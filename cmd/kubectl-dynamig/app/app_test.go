@@ -11,6 +11,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -114,6 +115,45 @@ func TestTableOutput(t *testing.T) {
 			golden(t, tc.name, b.Bytes())
 		})
 	}
+}
+
+// TestExplainOutput: a 3g.20gb pod on the seed cluster: the MIG node has no free 3g placement,
+// the hami-core node is not of the pod's mode.
+func TestExplainOutput(t *testing.T) {
+	c := seed(t)
+	nodes := []v1.Node{}
+	for _, n := range c.Nodes {
+		var inv []api.GPU
+		for _, g := range n.GPUs {
+			inv = append(inv, g.GPU)
+		}
+		nodes = append(nodes, invNode(t, n.Name, inv...))
+	}
+	pods := []v1.Pod{}
+	for _, p := range c.Pods {
+		if p.Node == "mig-node" {
+			pods = append(pods, migPod(t, p.Name, p.Created, p.Reservations...))
+		}
+	}
+	var leases []coordinationv1.Lease
+	for _, n := range []string{"mig-node", "core-node"} {
+		leases = append(leases, coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: api.HeartbeatLeasePrefix + n},
+			Spec: coordinationv1.LeaseSpec{RenewTime: &metav1.MicroTime{Time: now}, LeaseDurationSeconds: ptr.To[int32](40)}})
+	}
+	want := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "big", Namespace: "default", Annotations: map[string]string{api.VGPUModeAnnotation: api.ModeMIG}},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
+			api.ResourceCount: resource.MustParse("1"), api.ResourceMemory: resource.MustParse("19000")}}}}}}
+	args := &config.DynamicMIGArgs{}
+	args.SetDefaults()
+	verdicts, err := inspect.Explain(want, nodes, pods, leases, args, config.DefaultDeviceConfig(), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := writeExplain(&b, want, "HAMi v2.10's defaults", verdicts); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "explain.golden", b.Bytes())
 }
 
 // TestJSONOutput: -o json is the documented schema (inspect's types), lossless.

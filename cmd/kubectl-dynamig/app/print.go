@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/duration"
 
 	"github.com/dynamig/dynamig/api"
@@ -262,6 +263,33 @@ func writeModels(w io.Writer, models []model, wide bool) error {
 			}
 			fmt.Fprintln(tw)
 		}
+	}
+	return tw.Flush()
+}
+
+// writeExplain prints, per node, whether the pod fits and why not.
+func writeExplain(w io.Writer, pod *v1.Pod, source string, verdicts []inspect.Verdict) error {
+	fmt.Fprintf(w, "Pod %s/%s", pod.Namespace, pod.Name)
+	if pod.Spec.NodeName != "" {
+		fmt.Fprintf(w, " (bound to %s; the nodes are judged without it)", pod.Spec.NodeName)
+	}
+	fmt.Fprintf(w, ", by dynamig's Filter with %s.\nkube-scheduler's own filters (node selectors, affinity, taints, CPU and memory) are not evaluated.\n", source)
+	if len(verdicts) == 0 {
+		_, err := fmt.Fprintln(w, "No dynamig GPU nodes.")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tFITS\tWHY")
+	for _, v := range verdicts {
+		if v.Fits {
+			fmt.Fprintf(tw, "%s\tyes\t%s\n", v.Node, strings.Join(v.Devices, "; "))
+			continue
+		}
+		why := v.Reason
+		if v.Detail != "" {
+			why += ": " + v.Detail
+		}
+		fmt.Fprintf(tw, "%s\tno\t%s\n", v.Node, why)
 	}
 	return tw.Flush()
 }
