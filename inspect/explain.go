@@ -44,9 +44,8 @@ func Explain(pod *v1.Pod, nodes []v1.Node, pods []v1.Pod, leases []coordinationv
 	opts := placement.Options{MIGPolicy: args.MIGGPUSchedulerPolicy, HAMiCorePolicy: args.HAMiCoreGPUSchedulerPolicy,
 		FragmentationAware: args.FragmentationAware == nil || *args.FragmentationAware,
 		DefaultMemory:      device.Nvidia.DefaultMemory, DefaultCores: device.Nvidia.DefaultCores}
-	view := Build(nodes, nil, leases, v1.ResourceName(args.ResourceCountName), now)
 	var out []Verdict
-	for _, n := range view.Nodes {
+	for _, n := range readNodes(nodes, leases, now) {
 		v := Verdict{Node: n.Name}
 		switch {
 		case n.Heartbeat != "fresh":
@@ -60,11 +59,7 @@ func Explain(pod *v1.Pod, nodes []v1.Node, pods []v1.Pod, leases []coordinationv
 			out = append(out, v)
 			continue
 		}
-		inv := make([]api.GPU, len(n.GPUs))
-		for i := range n.GPUs {
-			inv[i] = n.GPUs[i].GPU
-		}
-		gpus := placement.GPUsOf(inv)
+		gpus := placement.GPUsOf(n.inventory)
 		if err := occupy(gpus, n.Name, pod, pods); err != nil {
 			v.Reason = err.Error()
 			out = append(out, v)
@@ -98,22 +93,11 @@ func Explain(pod *v1.Pod, nodes []v1.Node, pods []v1.Pod, leases []coordinationv
 func occupy(gpus []placement.GPU, node string, pod *v1.Pod, pods []v1.Pod) error {
 	for i := range pods {
 		p := &pods[i]
-		if p.Spec.NodeName != node || p.UID == pod.UID && p.Name == pod.Name || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+		if p.Spec.NodeName != node || p.Namespace == pod.Namespace && p.Name == pod.Name || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
 			continue
 		}
-		if raw, ok := p.Annotations[api.MigReservationsAnnotation]; ok {
-			recs, err := api.DecodeMigReservations(raw)
-			if err != nil {
-				return fmt.Errorf("pod %s/%s on the node has an unreadable reservation: %v", p.Namespace, p.Name, err)
-			}
-			placement.AddMIGReservations(gpus, recs)
-		}
-		if raw, ok := p.Annotations[api.DevicesAllocatedAnnotation]; ok {
-			containers, err := api.DecodeHAMiCoreDevices(api.DevicesAllocatedAnnotation, raw)
-			if err != nil {
-				return fmt.Errorf("pod %s/%s on the node has an unreadable reservation: %v", p.Namespace, p.Name, err)
-			}
-			placement.AddHAMiCoreShares(gpus, containers)
+		if _, err := placement.AddAnnotated(gpus, p.Annotations, api.DecodeMigReservations); err != nil {
+			return fmt.Errorf("pod %s/%s on the node has an unreadable reservation: %v", p.Namespace, p.Name, err)
 		}
 	}
 	return nil

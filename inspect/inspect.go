@@ -106,6 +106,24 @@ func Build(nodes []v1.Node, pods []v1.Pod, leases []coordinationv1.Lease, resour
 		}
 	}
 	slices.SortFunc(c.Pods, func(a, b Pod) int { return cmp.Compare(a.Key(), b.Key()) })
+	for _, n := range readNodes(nodes, leases, now) {
+		for _, g := range n.inventory {
+			n.GPUs = append(n.GPUs, buildGPU(g, n.Name, c.Pods))
+		}
+		c.Nodes = append(c.Nodes, n.Node)
+	}
+	return c
+}
+
+// nodeState is a node's heartbeat and inventory state with its decoded inventory.
+type nodeState struct {
+	Node
+	inventory []api.GPU
+}
+
+// readNodes reads, for every node that publishes an inventory or renews a heartbeat Lease,
+// the heartbeat's state at now and the inventory, in node order.
+func readNodes(nodes []v1.Node, leases []coordinationv1.Lease, now time.Time) []nodeState {
 	heartbeats := map[string]time.Time{}
 	for i := range leases {
 		l := &leases[i]
@@ -116,6 +134,7 @@ func Build(nodes []v1.Node, pods []v1.Pod, leases []coordinationv1.Lease, resour
 			}
 		}
 	}
+	var out []nodeState
 	for i := range nodes {
 		n := &nodes[i]
 		raw, published := n.Annotations[api.NodeInventoryAnnotation]
@@ -123,27 +142,26 @@ func Build(nodes []v1.Node, pods []v1.Pod, leases []coordinationv1.Lease, resour
 		if !published && !beating {
 			continue
 		}
-		node := Node{Name: n.Name, Heartbeat: "missing"}
+		st := nodeState{Node: Node{Name: n.Name, Heartbeat: "missing"}}
 		if beating {
-			node.Heartbeat, node.HeartbeatUntil = "expired", until
+			st.Heartbeat, st.HeartbeatUntil = "expired", until
 			if now.Before(until) {
-				node.Heartbeat = "fresh"
+				st.Heartbeat = "fresh"
 			}
 		}
 		gpus, err := api.DecodeInventory(raw)
 		switch {
 		case !published:
-			node.Inventory = "missing"
+			st.Inventory = "missing"
 		case err != nil:
-			node.Inventory = err.Error()
+			st.Inventory = err.Error()
+		default:
+			st.inventory = gpus
 		}
-		for _, g := range gpus {
-			node.GPUs = append(node.GPUs, buildGPU(g, n.Name, c.Pods))
-		}
-		c.Nodes = append(c.Nodes, node)
+		out = append(out, st)
 	}
-	slices.SortFunc(c.Nodes, func(a, b Node) int { return cmp.Compare(a.Name, b.Name) })
-	return c
+	slices.SortFunc(out, func(a, b nodeState) int { return cmp.Compare(a.Name, b.Name) })
+	return out
 }
 
 // buildPod reads a pod's GPU state; ok is false for pods that neither ask for the count

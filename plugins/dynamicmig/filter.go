@@ -10,7 +10,6 @@ import (
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
-	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/request"
 )
@@ -138,9 +137,8 @@ func (pl *DynamicMIG) addOccupancy(gpus []placement.GPU, p *v1.Pod) error {
 	if p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
 		return nil
 	}
-	raw, hasMIG := p.Annotations[api.MigReservationsAnnotation]
-	coreRaw, hasCore := p.Annotations[api.DevicesAllocatedAnnotation]
-	if !hasMIG && !hasCore {
+	found, err := placement.AddAnnotated(gpus, p.Annotations, pl.reservations.decode)
+	if !found {
 		if r, ok := pl.reservations.get(p.UID); ok {
 			placement.AddAssignments(gpus, r.result.Assignments)
 		}
@@ -149,21 +147,7 @@ func (pl *DynamicMIG) addOccupancy(gpus []placement.GPU, p *v1.Pod) error {
 	if _, ok := pl.reservations.get(p.UID); ok {
 		pl.reservations.remove(p.UID) // the annotation now speaks for it
 	}
-	if hasMIG {
-		recs, err := pl.reservations.decode(raw)
-		if err != nil {
-			return err
-		}
-		placement.AddMIGReservations(gpus, recs)
-	}
-	if hasCore {
-		containers, err := api.DecodeHAMiCoreDevices(api.DevicesAllocatedAnnotation, coreRaw)
-		if err != nil {
-			return err
-		}
-		placement.AddHAMiCoreShares(gpus, containers)
-	}
-	return nil
+	return err
 }
 
 // checkHeartbeat refuses nodes whose device plugin stopped renewing its heartbeat Lease.

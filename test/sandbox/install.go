@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/manifests"
@@ -38,8 +37,6 @@ const (
 // install is the manifest as the sandbox applies it.
 type install struct {
 	objs []*unstructured.Unstructured
-	// namespace is the release namespace (the scheduler Deployment's).
-	namespace string
 	// schedulerConfig is the KubeSchedulerConfiguration of the scheduler's ConfigMap.
 	schedulerConfig string
 }
@@ -58,11 +55,6 @@ func readInstall(path string, deviceConfig []byte, webhookURL string) (*install,
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	in := &install{objs: objs}
-	sched := manifests.Find(objs, "Deployment", schedulerWorkload)
-	if sched == nil {
-		return nil, fmt.Errorf("%s: no Deployment %s", path, schedulerWorkload)
-	}
-	in.namespace = sched.GetNamespace()
 	if in.schedulerConfig, err = manifests.ConfigMapData(objs, schedulerConfigMap, "config.yaml"); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -102,11 +94,12 @@ func (s *Sandbox) apply(ctx context.Context, in *install) error {
 	if err := cluster.Apply(ctx, s.cp.Config, "dynamig-sandbox", in.objs); err != nil {
 		return err
 	}
-	probe := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "admission-probe", Namespace: metav1.NamespaceDefault, Labels: map[string]string{"hami.io/webhook": "ignore"}},
-		Spec: v1.PodSpec{SchedulerName: "another-scheduler", Containers: []v1.Container{{Name: "c", Image: "busybox", Resources: v1.ResourceRequirements{
-			Limits: v1.ResourceList{v1.ResourceName(s.devCfg.Nvidia.ResourceCountName): resource.MustParse("1")}}}}}}
-	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, err := s.admin.CoreV1().Pods(probe.Namespace).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	otherScheduler := func(p *v1.Pod) {
+		p.Labels = map[string]string{"hami.io/webhook": "ignore"}
+		p.Spec.SchedulerName = "another-scheduler"
+		p.Spec.Containers[0].Resources.Limits = v1.ResourceList{v1.ResourceName(s.devCfg.Nvidia.ResourceCountName): resource.MustParse("1")}
+	}
+	return cluster.AwaitAdmission(ctx, s.admin, "admission-probe", 30*time.Second, otherScheduler, func(_ *v1.Pod, err error) (bool, error) {
 		return apierrors.IsInvalid(err) || apierrors.IsForbidden(err), nil
 	})
 }

@@ -113,14 +113,9 @@ type GPUOccupancy struct {
 	Slots []SlotRange
 }
 
-// SlotRange is a placement interval and what holds it; Pod is "" for free slots.
-type SlotRange struct {
-	Placement api.Placement
-	Pod       string // namespace/name, or name in the default namespace
-	Profile   string
-	Realized  bool
-	migUUID   string
-}
+// SlotRange is a placement interval and what holds it (inspect's); Pod is "" for free
+// slots, namespace/name or the name alone in the default namespace.
+type SlotRange = inspect.SlotRange
 
 // String prints `node GPU-… (type): [0,2) pod 2g.10gb | … | [6,8) free`; a hami-core GPU
 // has no slots.
@@ -158,7 +153,7 @@ func (s *Sandbox) Occupancy(ctx context.Context) ([]GPUOccupancy, error) {
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.cfg.Name, err)
 		}
-		byGPU := map[string][]SlotRange{}
+		byGPU := map[string][]inspect.SlotRange{}
 		for i := range pods.Items {
 			p := &pods.Items[i]
 			if p.Spec.NodeName != n.cfg.Name || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
@@ -177,19 +172,13 @@ func (s *Sandbox) Occupancy(ctx context.Context) ([]GPUOccupancy, error) {
 				name = p.Namespace + "/" + p.Name
 			}
 			for _, r := range recs {
-				byGPU[r.GPUUUID] = append(byGPU[r.GPUUUID], SlotRange{Placement: r.Placement, Pod: name, Profile: r.Profile, Realized: r.Realized(), migUUID: r.MigUUID})
+				byGPU[r.GPUUUID] = append(byGPU[r.GPUUUID], inspect.SlotRange{Placement: r.Placement, Pod: name, Profile: r.Profile, MIGUUID: r.MigUUID})
 			}
 		}
 		for _, g := range gpus {
 			o := GPUOccupancy{Node: n.cfg.Name, GPU: g}
 			if g.Mode == api.ModeMIG {
-				var used []inspect.SlotRange
-				for _, r := range byGPU[g.ID] {
-					used = append(used, inspect.SlotRange{Placement: r.Placement, Pod: r.Pod, Profile: r.Profile, MIGUUID: r.migUUID})
-				}
-				for _, r := range inspect.SlotMap(g.SlotCount(), used) {
-					o.Slots = append(o.Slots, SlotRange{Placement: r.Placement, Pod: r.Pod, Profile: r.Profile, Realized: r.MIGUUID != "", migUUID: r.MIGUUID})
-				}
+				o.Slots = inspect.SlotMap(g.SlotCount(), byGPU[g.ID])
 			}
 			out = append(out, o)
 		}

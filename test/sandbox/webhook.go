@@ -83,7 +83,7 @@ func (s *Sandbox) projectSecret(namespace, name, dir string) {
 // admits it with schedulerName, or the webhook has exited.
 func waitWebhookServes(ctx context.Context, client kubernetes.Interface, schedulerName string, exited <-chan struct{}) error {
 	var last error
-	err := cluster.AwaitAdmission(ctx, client, "webhook-probe", time.Minute, func(pod *v1.Pod, err error) (bool, error) {
+	err := cluster.AwaitAdmission(ctx, client, "webhook-probe", time.Minute, nil, func(pod *v1.Pod, err error) (bool, error) {
 		select {
 		case <-exited:
 			return false, errors.New("dynamig-webhook exited")

@@ -43,6 +43,30 @@ func AddHAMiCoreShares(gpus []GPU, containers [][]api.HAMiCoreDevice) {
 	}
 }
 
+// AddAnnotated adds what a bound pod's reservation annotations hold to the GPUs: its MIG
+// reservations (hami.io/vgpu-mig-allocations, read with decodeMIG) and its hami-core devices
+// (hami.io/vgpu-devices-allocated). found says whether the pod carries either; a reservation
+// that does not decode is an error, since it could hide an occupied placement.
+func AddAnnotated(gpus []GPU, annotations map[string]string, decodeMIG func(string) ([]api.MigReservation, error)) (found bool, err error) {
+	raw, hasMIG := annotations[api.MigReservationsAnnotation]
+	coreRaw, hasCore := annotations[api.DevicesAllocatedAnnotation]
+	if hasMIG {
+		recs, err := decodeMIG(raw)
+		if err != nil {
+			return true, err
+		}
+		AddMIGReservations(gpus, recs)
+	}
+	if hasCore {
+		containers, err := api.DecodeHAMiCoreDevices(api.DevicesAllocatedAnnotation, coreRaw)
+		if err != nil {
+			return true, err
+		}
+		AddHAMiCoreShares(gpus, containers)
+	}
+	return hasMIG || hasCore, nil
+}
+
 // AddAssignments adds a fit's assignments, not yet recorded on the pod, to the GPUs.
 func AddAssignments(gpus []GPU, as []Assignment) {
 	for _, a := range as {
