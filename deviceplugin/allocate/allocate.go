@@ -16,7 +16,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -58,7 +57,8 @@ type Options struct {
 	DeviceEdits cdi.DeviceEdits
 	// Pods, if set, is an informer's view of this node's pods, read before the API server.
 	Pods corelisters.PodLister
-	// Recorder, if set, receives the Warning events of reservations that cannot be realised.
+	// Recorder, if set, receives the events on pods (events.go): a Warning for every refusal
+	// and failure, a Normal one for what a container got and for a reclaim.
 	Recorder record.EventRecorder
 	// PreemptionWait bounds how long PreStartContainer waits, within the kubelet's deadline,
 	// for an instance of a pod being deleted to go from the reserved placement before it
@@ -113,6 +113,8 @@ type failure struct {
 	reason string
 	final  bool
 	err    error
+	// device names the reservation it happened on, when there is one, for the event.
+	device string
 }
 
 func (e *failure) Error() string { return e.err.Error() }
@@ -123,6 +125,24 @@ func because(reason string, err error) error { return &failure{reason: reason, e
 
 // never marks an error no retry gets past: the pod is failed and evicted.
 func never(reason string, err error) error { return &failure{reason: reason, final: true, err: err} }
+
+// onDevice notes the reservation a failure happened on.
+func onDevice(r api.MigReservation, err error) error {
+	var f *failure
+	if errors.As(err, &f) && f.device == "" {
+		f.device = fmt.Sprintf("device %d (%s at %s on %s)", r.DeviceIndex, r.Profile, r.Placement, r.GPUUUID)
+	}
+	return err
+}
+
+// container is what PreStartContainer learnt of the container it prepares: its pod and
+// name once attributed, then what it got.
+type container struct {
+	pod    *v1.Pod
+	name   string
+	made   []made               // MIG instances
+	shares []api.HAMiCoreDevice // hami-core shares
+}
 
 // Allocate answers each device ID with its CDI device name and creates nothing: the
 // container's devices are realised at PreStartContainer, when the kubelet can say whose
@@ -136,29 +156,26 @@ func (a *Allocator) Allocate(_ context.Context, req *pluginapi.ContainerAllocate
 }
 
 // PreStartContainer realises the reservation of the container that holds deviceIDs and
-// writes their CDI specs. An error keeps the kubelet from creating the container; it
-// retries with backoff. A reservation that can never be realised here also fails the pod's
-// bind phase, says why in a Warning event and evicts the pod, so its controller recreates it
-// and the scheduler places it elsewhere.
+// writes their CDI specs; Normal events on the pod say what the container got. An error
+// keeps the kubelet from creating the container; it retries with backoff, and a Warning
+// event says why. A reservation that can never be realised here also fails the pod's bind
+// phase and evicts the pod, so its controller recreates it and the scheduler places it
+// elsewhere.
 func (a *Allocator) PreStartContainer(ctx context.Context, deviceIDs []string) error {
 	start := time.Now()
-	pod, err := a.preStart(ctx, deviceIDs)
+	c, err := a.preStart(ctx, deviceIDs)
 	reason := ""
 	if err != nil {
-		reason = "other"
-		var f *failure
-		if errors.As(err, &f) {
-			reason = f.reason
-			if f.final && pod != nil {
-				a.fail(ctx, pod, err)
-			}
-		}
+		reason = a.refused(ctx, c, err)
+	} else {
+		a.started(c)
 	}
 	metrics.ObservePreStart(start, reason)
 	return err
 }
 
-func (a *Allocator) preStart(ctx context.Context, deviceIDs []string) (*v1.Pod, error) {
+// preStart returns the container as far as it got: nil until it is attributed.
+func (a *Allocator) preStart(ctx context.Context, deviceIDs []string) (*container, error) {
 	resource := a.opts.Names.ResourceCountName
 	owner, err := a.opts.Owners.Find(ctx, resource, deviceIDs)
 	if err != nil {
@@ -174,30 +191,31 @@ func (a *Allocator) preStart(ctx context.Context, deviceIDs []string) (*v1.Pod, 
 	if !ok {
 		return nil, because(reasonAttribution, fmt.Errorf("pod %s/%s has no container %q that PodResources names", pod.Namespace, pod.Name, owner.Container))
 	}
+	c := &container{pod: pod, name: owner.Container}
 	// Nothing is created for a reservation the scheduler did not sign for this pod and node.
 	if err := a.opts.Verifier.Verify(pod); err != nil {
-		return pod, never(reasonTampered, err)
+		return c, never(reasonTampered, err)
 	}
 	ids := slices.Sorted(slices.Values(deviceIDs))
 	var edits specs.ContainerEdits
 	switch {
 	case pod.Annotations[api.MigReservationsAnnotation] != "":
-		if edits, err = a.preStartMIG(ctx, pod, idx, ids); err != nil {
-			return pod, err
+		if edits, err = a.preStartMIG(ctx, c, idx, ids); err != nil {
+			return c, err
 		}
 	case pod.Annotations[api.DevicesAllocatedAnnotation] != "":
-		if edits, err = a.preStartHAMiCore(ctx, pod, idx, ids); err != nil {
-			return pod, err
+		if edits, err = a.preStartHAMiCore(ctx, c, idx, ids); err != nil {
+			return c, err
 		}
 	default:
-		return pod, never(reasonAttribution, fmt.Errorf("pod %s/%s holds %s devices but carries neither %s nor %s: it was not scheduled by dynamig-scheduler",
+		return c, never(reasonAttribution, fmt.Errorf("pod %s/%s holds %s devices but carries neither %s nor %s: it was not scheduled by dynamig-scheduler",
 			pod.Namespace, pod.Name, resource, api.MigReservationsAnnotation, api.DevicesAllocatedAnnotation))
 	}
 	if err := a.writeSpecs(ids, edits); err != nil {
-		return pod, because(reasonSpec, err)
+		return c, because(reasonSpec, err)
 	}
 	logger.V(2).Info("Container devices ready", "devices", ids)
-	return pod, nil
+	return c, nil
 }
 
 // pod reads the owner's pod: from the informer when it shows the pod bound here and not
@@ -248,8 +266,10 @@ func (a *Allocator) writeSpecs(ids []string, edits specs.ContainerEdits) error {
 	return nil
 }
 
-// preStartMIG realises the container's MIG reservations and returns what the container gets.
-func (a *Allocator) preStartMIG(ctx context.Context, pod *v1.Pod, idx int, ids []string) (specs.ContainerEdits, error) {
+// preStartMIG realises the container's MIG reservations (c.made) and returns what the
+// container gets.
+func (a *Allocator) preStartMIG(ctx context.Context, c *container, idx int, ids []string) (specs.ContainerEdits, error) {
+	pod := c.pod
 	recs, err := api.DecodeMigReservations(pod.Annotations[api.MigReservationsAnnotation])
 	if err != nil {
 		return specs.ContainerEdits{}, never(reasonTampered, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err))
@@ -265,6 +285,7 @@ func (a *Allocator) preStartMIG(ctx context.Context, pod *v1.Pod, idx int, ids [
 	if err := a.writeBack(ctx, pod, made); err != nil {
 		return specs.ContainerEdits{}, because(reasonWriteBack, err)
 	}
+	c.made = made
 	uuids := make([]string, len(made))
 	for i, in := range made {
 		uuids[i] = in.MigUUID
@@ -316,7 +337,7 @@ func (a *Allocator) realise(ctx context.Context, pod *v1.Pod, recs []api.MigRese
 					a.undo(ctx, pod, done)
 				}
 			}
-			return nil, err
+			return nil, onDevice(r, err)
 		}
 		out = append(out, m)
 	}
@@ -405,7 +426,7 @@ func (a *Allocator) clearPlacement(ctx context.Context, pod *v1.Pod, r api.MigRe
 			return err
 		}
 		if time.Now().After(deadline) {
-			return because(reasonBusy, fmt.Errorf("pod %s/%s container %d device %d: placement %s of %s is still held by %s; the kubelet will retry",
+			return because(reasonBusy, fmt.Errorf("pod %s/%s container %d device %d: placement %s of %s is still held by %s",
 				pod.Namespace, pod.Name, r.ContainerIndex, r.DeviceIndex, r.Placement, r.GPUUUID, blocker))
 		}
 		select {
@@ -431,13 +452,13 @@ func (a *Allocator) blocker(ctx context.Context, r api.MigReservation) (string, 
 		if !ok {
 			return "", never(reasonCreate, fmt.Errorf("placement %s of %s overlaps GPU instance %d at %s, which dynamig did not create; refusing", r.Placement, r.GPUUUID, in.GPUInstanceID, in.Placement))
 		}
-		p, err := a.opts.Client.CoreV1().Pods(owner.PodNamespace).Get(ctx, owner.PodName, metav1.GetOptions{})
+		p, err := a.ownerPod(ctx, owner)
 		switch {
-		case err != nil && !apierrors.IsNotFound(err):
+		case err != nil:
 			return "", because(reasonCreate, err)
-		case err != nil || string(p.UID) != owner.PodUID || ended(p):
+		case p == nil || ended(p):
 			// Ended, from a direct read of the API: reclaim it and look again.
-			if err := a.reclaim(ctx, owner); err != nil {
+			if err := a.reclaim(ctx, owner, p); err != nil {
 				return "", because(reasonCreate, err)
 			}
 			return a.blocker(ctx, r)

@@ -601,6 +601,9 @@ func TestHAMiCorePreStart(t *testing.T) {
 			t.Errorf("%s=%q, want %q", k, first[k], v)
 		}
 	}
+	expectEvents(t, e.drain(),
+		wantEvent{"Normal " + ReasonShareAssigned, []string{`container "a" device 0: hami-core share of GPU-1: 3000 MiB, 30% of its cores`}},
+		wantEvent{"Normal " + ReasonShareAssigned, []string{`container "a" device 1: hami-core share of GPU-2: 3000 MiB, 30% of its cores`}})
 	if got := e.get("core"); got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseAllocating {
 		t.Errorf("not done after the first container")
 	}

@@ -29,8 +29,9 @@ const hamiCoreContainerDir = "/usr/local/vgpu"
 // gives for their UUIDs) and HAMi-core's library and limits, from its segment of the
 // signed hami.io/vgpu-devices-allocated. As HAMi's device plugin does, it then empties the
 // container's segment of hami.io/vgpu-devices-to-allocate, and sets bind-phase success when
-// every segment is empty; a restart of the container writes nothing.
-func (a *Allocator) preStartHAMiCore(ctx context.Context, pod *v1.Pod, idx int, ids []string) (specs.ContainerEdits, error) {
+// every segment is empty; a restart of the container writes nothing. The shares are c.shares.
+func (a *Allocator) preStartHAMiCore(ctx context.Context, c *container, idx int, ids []string) (specs.ContainerEdits, error) {
+	pod := c.pod
 	assigned, err := api.DecodeHAMiCoreDevices(api.DevicesAllocatedAnnotation, pod.Annotations[api.DevicesAllocatedAnnotation])
 	if err != nil {
 		return specs.ContainerEdits{}, never(reasonTampered, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err))
@@ -76,6 +77,7 @@ func (a *Allocator) preStartHAMiCore(ctx context.Context, pod *v1.Pod, idx int, 
 			return specs.ContainerEdits{}, because(reasonWriteBack, fmt.Errorf("consuming the hami-core assignment of pod %s/%s: %w", pod.Namespace, pod.Name, err))
 		}
 	}
+	c.shares = devs
 	// What the GPUs need, then HAMi-core's library and limits.
 	return cdi.Merge(gpus, cdi.Edits(a.hamiCoreResponse(pod, idx, devs))), nil
 }

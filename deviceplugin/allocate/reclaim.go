@@ -41,28 +41,30 @@ func (a *Allocator) reclaimLocked(ctx context.Context, gpu string) error {
 		if e.GPUUUID != gpu {
 			continue
 		}
-		gone, err := a.ownerEnded(ctx, e)
+		p, err := a.ownerPod(ctx, e)
 		if err != nil {
 			return fmt.Errorf("not reclaiming on %s: %w", gpu, err)
 		}
-		if !gone {
+		if p != nil && !ended(p) {
 			continue
 		}
-		if err := a.reclaim(ctx, e); err != nil {
+		if err := a.reclaim(ctx, e, p); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// reclaim destroys the instance of an ended pod's checkpoint entry and forgets the entry.
-// The GPU lock is held.
-func (a *Allocator) reclaim(ctx context.Context, e checkpoint.Entry) error {
+// reclaim destroys the instance of an ended pod's checkpoint entry and forgets the entry;
+// pod is the ended pod, nil when it is gone. The GPU lock is held.
+func (a *Allocator) reclaim(ctx context.Context, e checkpoint.Entry, pod *v1.Pod) error {
+	destroyed := false
 	if e.State == checkpoint.Created {
 		if _, found := a.find(e.GPUUUID, e); found {
 			if err := a.opts.Instances.Destroy(ctx, e.GPUUUID, e.GPUInstanceID); err != nil {
 				return fmt.Errorf("reclaiming the instance of %s/%s: %w", e.PodNamespace, e.PodName, err)
 			}
+			destroyed = true
 		}
 	} else if err := a.destroyAt(ctx, e); err != nil {
 		return err
@@ -71,7 +73,11 @@ func (a *Allocator) reclaim(ctx context.Context, e checkpoint.Entry) error {
 		return err
 	}
 	metrics.ObserveActions("reclaimed", 1)
-	klog.FromContext(ctx).V(2).Info("Reclaimed the MIG instance of an ended pod", "pod", e.PodNamespace+"/"+e.PodName, "gpu", e.GPUUUID, "placement", e.Placement.String())
+	klog.FromContext(ctx).V(2).Info("Reclaimed the MIG instance of an ended pod", "pod", klog.KRef(e.PodNamespace, e.PodName), "podGone", pod == nil,
+		"gpu", e.GPUUUID, "placement", e.Placement.String(), "migUUID", e.MigUUID)
+	if destroyed {
+		a.reclaimed(e, pod)
+	}
 	return nil
 }
 
@@ -89,15 +95,17 @@ func (a *Allocator) destroyAt(ctx context.Context, e checkpoint.Entry) error {
 	return nil
 }
 
-// ownerEnded reads the owner pod from the API: gone (or replaced by a pod of the same name)
-// or terminal.
-func (a *Allocator) ownerEnded(ctx context.Context, e checkpoint.Entry) (bool, error) {
+// ownerPod reads the entry's pod from the API: nil when it is gone (or replaced by a pod of
+// the same name).
+func (a *Allocator) ownerPod(ctx context.Context, e checkpoint.Entry) (*v1.Pod, error) {
 	p, err := a.opts.Client.CoreV1().Pods(e.PodNamespace).Get(ctx, e.PodName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return true, nil
+		return nil, nil
 	case err != nil:
-		return false, err
+		return nil, err
+	case string(p.UID) != e.PodUID:
+		return nil, nil
 	}
-	return string(p.UID) != e.PodUID || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed, nil
+	return p, nil
 }

@@ -52,7 +52,7 @@ func (a *Allocator) Recover(ctx context.Context, reclaimUnknown bool) (Report, e
 		logger.Error(listErr, "Cannot list this node's pods: recovery only reports, destroys nothing")
 	}
 	named := map[string]api.MigReservation{} // by migUUID: instances a reservation names
-	active := map[string]*v1.Pod{}           // by UID: pods that have not ended
+	pods := map[string]*v1.Pod{}             // by UID: this node's pods
 	legacyGPUs := map[string]bool{}
 	if list != nil {
 		for i := range list.Items {
@@ -60,9 +60,7 @@ func (a *Allocator) Recover(ctx context.Context, reclaimUnknown bool) (Report, e
 			if p.Spec.NodeName != a.opts.NodeName {
 				continue
 			}
-			if !ended(p) {
-				active[string(p.UID)] = p
-			}
+			pods[string(p.UID)] = p
 			for _, raw := range []string{p.Annotations[api.DevicesAllocatedAnnotation], p.Annotations[api.DevicesToAllocateAnnotation]} {
 				for _, id := range legacyIdentity.FindAllString(raw, -1) {
 					rep.Legacy = append(rep.Legacy, fmt.Sprintf("%s/%s: %s", p.Namespace, p.Name, id))
@@ -92,7 +90,7 @@ func (a *Allocator) Recover(ctx context.Context, reclaimUnknown bool) (Report, e
 		if err != nil {
 			return rep, err
 		}
-		err = a.recoverGPU(ctx, gpu, &rep, named, active, destructive, reclaimUnknown && !legacyGPUs[gpu])
+		err = a.recoverGPU(ctx, gpu, &rep, named, pods, destructive, reclaimUnknown && !legacyGPUs[gpu])
 		unlock()
 		if err != nil {
 			return rep, err
@@ -113,7 +111,7 @@ func (a *Allocator) Recover(ctx context.Context, reclaimUnknown bool) (Report, e
 	return rep, listErr
 }
 
-func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, named map[string]api.MigReservation, active map[string]*v1.Pod, destructive, reclaimUnknown bool) error {
+func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, named map[string]api.MigReservation, pods map[string]*v1.Pod, destructive, reclaimUnknown bool) error {
 	present, err := a.opts.Instances.List(gpu)
 	if err != nil {
 		return err
@@ -148,7 +146,8 @@ func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, nam
 				match = in
 			}
 		}
-		_, alive := active[e.PodUID]
+		pod := pods[e.PodUID]
+		alive := pod != nil && !ended(pod)
 		switch {
 		case match == nil:
 			if e.State == checkpoint.Created {
@@ -159,8 +158,12 @@ func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, nam
 			}
 		case !alive:
 			claimed[match.GPUInstanceID] = true
+			reclaimed := len(rep.Reclaimed)
 			if err := destroy(*match, &rep.Reclaimed, "its pod ended"); err != nil {
 				return err
+			}
+			if len(rep.Reclaimed) > reclaimed && e.State == checkpoint.Created {
+				a.reclaimed(e, pod)
 			}
 			if destructive && len(match.Processes) == 0 {
 				if err := a.opts.Checkpoint.Remove(e.Key); err != nil {
@@ -202,7 +205,7 @@ func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, nam
 		if r, ok := named[in.MigUUID]; ok && in.Complete && r.GPUUUID == gpu && r.Placement == in.Placement && r.Profile == in.Profile &&
 			*r.GPUInstanceID == uint32(in.GPUInstanceID) && *r.ComputeInstanceID == uint32(in.ComputeInstanceID) {
 			// A reservation names it with its complete identity: ours (the checkpoint was lost).
-			if p := podOf(active, r); p != nil {
+			if p := podOf(pods, r); p != nil {
 				e := checkpoint.Entry{Key: checkpoint.Key{PodUID: string(p.UID), ContainerIndex: r.ContainerIndex, DeviceIndex: r.DeviceIndex},
 					PodNamespace: p.Namespace, PodName: p.Name, GPUUUID: gpu, Profile: in.Profile, Placement: in.Placement,
 					State: checkpoint.Created, GPUInstanceID: in.GPUInstanceID, ComputeInstanceID: in.ComputeInstanceID, MigUUID: in.MigUUID}
@@ -224,9 +227,12 @@ func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, nam
 	return nil
 }
 
-// podOf finds the active pod whose reservation r is.
-func podOf(active map[string]*v1.Pod, r api.MigReservation) *v1.Pod {
-	for _, p := range active {
+// podOf finds the pod, not ended, whose reservation r is.
+func podOf(pods map[string]*v1.Pod, r api.MigReservation) *v1.Pod {
+	for _, p := range pods {
+		if ended(p) {
+			continue
+		}
 		recs, err := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
 		if err != nil {
 			continue

@@ -84,20 +84,14 @@ func (a *Allocator) patchAnnotations(ctx context.Context, pod *v1.Pod, annotatio
 // bindFailureAnnotation says why the device plugin gave up on a pod.
 const bindFailureAnnotation = "dynamig.io/bind-failure"
 
-// ReasonUnrealisable is the reason of the Warning event of a reservation that can never be
-// realised on its node.
-const ReasonUnrealisable = "ReservationNotRealisable"
-
 // fail gives up on a pod whose reservation can never be realised here: a Warning event
-// says why, bind-phase failed records it on the pod, and the pod is evicted (the Eviction
-// API, so disruption budgets hold) for its controller to recreate and the scheduler to
-// place elsewhere.
-func (a *Allocator) fail(ctx context.Context, pod *v1.Pod, cause error) {
+// says why (what names the container and device), bind-phase failed records it on the pod,
+// and the pod is evicted (the Eviction API, so disruption budgets hold) for its controller
+// to recreate and the scheduler to place elsewhere.
+func (a *Allocator) fail(ctx context.Context, pod *v1.Pod, what string, cause error) {
 	logger := klog.FromContext(ctx)
-	logger.Error(cause, "Reservation cannot be realised; evicting the pod", "pod", klog.KObj(pod))
-	if a.opts.Recorder != nil {
-		a.opts.Recorder.Eventf(pod, v1.EventTypeWarning, ReasonUnrealisable, "Evicting: %v", cause)
-	}
+	logger.Error(cause, "Reservation cannot be realised; evicting the pod", "pod", klog.KObj(pod), "target", what)
+	a.eventf(pod, v1.EventTypeWarning, ReasonUnrealisable, "Evicting: %s: %v", what, cause)
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{
 		api.BindPhaseAnnotation: api.BindPhaseFailed, bindFailureAnnotation: cause.Error(),
 	}}})

@@ -357,6 +357,7 @@ func seedExample(t *testing.T, w *world, scheduler string) {
 	// Each container sees its own MIG devices, and nothing else.
 	w.seesOwnDevices("gpu-pod1", "ubuntu-container1", recs["gpu-pod1"])
 	w.seesOwnDevices("mig-workload", "workload", recs["mig-workload"])
+	w.realisedEvents(recs)
 	w.componentsAsServiceAccounts()
 	w.kubectlDynamig(recs)
 }
@@ -916,6 +917,37 @@ func (w *world) evictedBecause(name string, uid types.UID, why string) {
 		}
 		return true, ""
 	})
+}
+
+// realisedEvents waits for the device plugin's Normal Realised event on each pod (of its
+// UID) for every MIG device of its reservation, naming the device's MIG UUID.
+func (w *world) realisedEvents(recs map[string][]api.MigReservation) {
+	w.t.Helper()
+	for name, rs := range recs {
+		uid := w.get(name).UID
+		w.waitFor(name+"'s Realised events", 30*time.Second, func() (bool, string) {
+			evs, err := w.c.CoreV1().Events("default").List(w.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+			if err != nil {
+				return false, err.Error()
+			}
+			var seen []string
+			said := map[string]bool{}
+			for _, e := range evs.Items {
+				seen = append(seen, e.Reason+": "+e.Message)
+				for _, r := range rs {
+					if e.InvolvedObject.UID == uid && e.Type == v1.EventTypeNormal && e.Reason == "Realised" && strings.Contains(e.Message, r.MigUUID) {
+						said[r.MigUUID] = true
+					}
+				}
+			}
+			for _, r := range rs {
+				if !said[r.MigUUID] {
+					return false, fmt.Sprintf("no Normal Realised naming %s; events: %v", r.MigUUID, seen)
+				}
+			}
+			return true, ""
+		})
+	}
 }
 
 func TestManyPodsAcrossNodes(t *testing.T) {
