@@ -51,6 +51,19 @@ type MigProfile struct {
 	Instances int `json:"instances,omitempty"`
 }
 
+// LargestDeviceMiB is the most memory one device of the GPU can have: its largest
+// published MIG profile's, or a hami-core GPU's device memory.
+func (g *GPU) LargestDeviceMiB() int {
+	if g.Mode != ModeMIG {
+		return g.Devmem
+	}
+	largest := 0
+	for _, p := range g.MigProfiles {
+		largest = max(largest, p.MemoryMB)
+	}
+	return largest
+}
+
 // SlotCount is the number of memory slots of the GPU: Slots when published, else the end
 // of its furthest placement (the full-GPU profile spans them all).
 func (g *GPU) SlotCount() int {

@@ -10,71 +10,56 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/dynamig/dynamig/api"
-	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
-	"github.com/dynamig/dynamig/plugins/dynamicmig/request"
 )
 
-// Verdict is whether a pod's GPU request fits one node now, by DynamicMIG's own Filter
-// steps: the heartbeat, the inventory, then the allocator (placement.Fit) on the node's GPUs
-// as the pods bound there occupy them.
+// Verdict is whether a pod's GPU request fits one node now, by the scheduler's filters:
+// kube-scheduler's that can be told from the objects (unschedulable, node name, taints, node
+// affinity and selector, CPU, memory and pods), then DynamicMIG's (the heartbeat, the
+// inventory, the allocator, placement.Fit, on the node's GPUs as the pods bound there
+// occupy them).
 type Verdict struct {
 	Node string `json:"node"`
-	Fits bool   `json:"fits"`
-	// Reason is the scheduler's refusal reason (what its Pending event says), Detail the
+	// GPUNode: the node publishes a GPU inventory or renews a dynamig heartbeat.
+	GPUNode bool `json:"gpuNode"`
+	Fits    bool `json:"fits"`
+	// Reason is the scheduler's refusal reason (what its Pending event counts), Detail the
 	// allocator's detail (container, device, GPU).
 	Reason string `json:"reason,omitempty"`
 	Detail string `json:"detail,omitempty"`
+	// Layout is, when other pods' instances or shares are in the way, each MIG GPU's slot map.
+	Layout []string `json:"layout,omitempty"`
+	// FitsWithout is the smallest change that makes the pod fit: sets of pods (namespace/name)
+	// whose ending would each make room — single pods if any would, else pairs.
+	FitsWithout [][]string `json:"fitsWithout,omitempty"`
 	// Devices are the devices the pod would get, when it fits.
 	Devices []string `json:"devices,omitempty"`
 }
 
-// Explain says, per node that publishes an inventory or a heartbeat, whether pod's GPU
-// request fits it now and, if not, why. args are the scheduler's DynamicMIG args and device
-// its device config (the allowlist is already in each node's inventory). kube-scheduler's
-// own filters (node selectors, taints, CPU and memory) are not evaluated.
-func Explain(pod *v1.Pod, nodes []v1.Node, pods []v1.Pod, leases []coordinationv1.Lease, args *config.DynamicMIGArgs, device *config.DeviceConfig, now time.Time) ([]Verdict, error) {
-	req, err := request.Parse(pod, args.ResourceNames, args.NodeSchedulerPolicy)
+// Explanation is why a pod fits where it does, or does not.
+type Explanation struct {
+	// Refusal is the scheduler's PreFilter refusal, which refuses every node at once (its
+	// Pending event then counts no nodes); Nodes is empty then.
+	Refusal string    `json:"refusal,omitempty"`
+	Nodes   []Verdict `json:"nodes"`
+}
+
+// Explain says, per node, whether pod's GPU request fits it now and, if not, why, with the
+// smallest change that would make it fit. pod itself is left out of the occupancy.
+func Explain(pod *v1.Pod, nodes []v1.Node, pods []v1.Pod, leases []coordinationv1.Lease, policy *Policy, now time.Time) (*Explanation, error) {
+	req, err := policy.parse(pod)
 	if err != nil {
-		return nil, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		return nil, err
 	}
-	if req == nil {
-		return nil, fmt.Errorf("pod %s/%s asks for no %s: it is not a GPU pod", pod.Namespace, pod.Name, args.ResourceCountName)
+	candidates := newCandidates(nodes, pods, leases, now, pod)
+	if why := policy.preFilter(req, candidates); why != "" {
+		return &Explanation{Refusal: why, Nodes: []Verdict{}}, nil
 	}
-	opts := placement.Options{MIGPolicy: args.MIGGPUSchedulerPolicy, HAMiCorePolicy: args.HAMiCoreGPUSchedulerPolicy,
-		FragmentationAware: args.FragmentationAware == nil || *args.FragmentationAware,
-		DefaultMemory:      device.Nvidia.DefaultMemory, DefaultCores: device.Nvidia.DefaultCores}
-	var out []Verdict
-	for _, n := range readNodes(nodes, leases, now) {
-		v := Verdict{Node: n.Name}
-		switch {
-		case n.Heartbeat != "fresh":
-			v.Reason = "node's dynamig-device-plugin heartbeat " + n.Heartbeat
-		case n.Inventory == "missing":
-			v.Reason = "node publishes no GPU inventory"
-		case n.Inventory != "":
-			v.Reason = "unreadable GPU inventory: " + n.Inventory
-		}
-		if v.Reason != "" {
-			out = append(out, v)
-			continue
-		}
-		gpus := placement.GPUsOf(n.inventory)
-		if err := occupy(gpus, n.Name, pod, pods); err != nil {
-			v.Reason = err.Error()
-			out = append(out, v)
-			continue
-		}
-		res, refusal := placement.Fit(gpus, &req.Request, opts)
-		if refusal != nil {
-			v.Reason, v.Detail = string(refusal.Reason), refusal.Detail
-		} else {
-			v.Fits = true
-			for _, a := range res.Assignments {
-				v.Devices = append(v.Devices, describe(a))
-			}
-		}
-		out = append(out, v)
+	out := []Verdict{}
+	for _, c := range candidates {
+		j := policy.judge(pod, req, c)
+		j.GPUNode = c.gpuNode
+		out = append(out, j.Verdict)
 	}
 	slices.SortStableFunc(out, func(a, b Verdict) int {
 		if a.Fits != b.Fits {
@@ -85,22 +70,7 @@ func Explain(pod *v1.Pod, nodes []v1.Node, pods []v1.Pod, leases []coordinationv
 		}
 		return strings.Compare(a.Node, b.Node)
 	})
-	return out, nil
-}
-
-// occupy adds the reservations of the pods bound to node that have not ended (pod itself
-// excepted) to gpus, as the scheduler's Filter does.
-func occupy(gpus []placement.GPU, node string, pod *v1.Pod, pods []v1.Pod) error {
-	for i := range pods {
-		p := &pods[i]
-		if p.Spec.NodeName != node || p.Namespace == pod.Namespace && p.Name == pod.Name || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
-			continue
-		}
-		if _, err := placement.AddAnnotated(gpus, p.Annotations, api.DecodeMigReservations); err != nil {
-			return fmt.Errorf("pod %s/%s on the node has an unreadable reservation: %v", p.Namespace, p.Name, err)
-		}
-	}
-	return nil
+	return &Explanation{Nodes: out}, nil
 }
 
 // describe is one assigned device: "container 0 device 0: 2g.10gb [6,8) on GPU-…" or

@@ -1,6 +1,7 @@
 package inspect
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -171,47 +172,256 @@ func TestRoomLimits(t *testing.T) {
 	}
 }
 
-func TestExplain(t *testing.T) {
-	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+// world is a described cluster for explain and simulate: nodes with the inventory the
+// device plugin's own code publishes for simulated GPUs, fresh heartbeats.
+func world(t *testing.T, device *config.DeviceConfig, specs ...string) ([]v1.Node, []coordinationv1.Lease) {
+	t.Helper()
+	desc, err := ParseNodes(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, leases, err := BuildNodes(t.Context(), desc, device, api.DefaultSystemNamespace, testNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nodes, leases
+}
+
+var testNow = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+
+func policy(t *testing.T, device *config.DeviceConfig) *Policy {
+	t.Helper()
 	args := &config.DynamicMIGArgs{}
 	args.SetDefaults()
+	return &Policy{Args: args, Device: device}
+}
+
+// gpuPod asks for one device of memory MiB in mode, pinned to a node by its selector.
+func gpuPod(name, mode, memory, onNode string) *v1.Pod {
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Annotations: map[string]string{}},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
+			api.ResourceCount: resource.MustParse("1"), api.ResourceMemory: resource.MustParse(memory)}}}}}}
+	if mode != "" {
+		p.Annotations[api.VGPUModeAnnotation] = mode
+	}
+	if onNode != "" {
+		p.Spec.NodeSelector = map[string]string{v1.LabelHostname: onNode}
+	}
+	return p
+}
+
+// bound is pod bound to node holding the reservations (realised).
+func bound(t *testing.T, name, node string, recs ...api.MigReservation) v1.Pod {
+	t.Helper()
+	p := migPod(t, name, node, api.BindPhaseSuccess, recs...)
+	p.Status.Phase = v1.PodRunning
+	return p
+}
+
+func gpuID(t *testing.T, n v1.Node, i int) string {
+	t.Helper()
+	gpus, err := api.DecodeInventory(n.Annotations[api.NodeInventoryAnnotation])
+	if err != nil || len(gpus) <= i {
+		t.Fatalf("node %s inventory: %v", n.Name, err)
+	}
+	return gpus[i].ID
+}
+
+// TestExplainReasons: every refusal explain names is the scheduler's, per node, with the
+// smallest change where other pods are in the way.
+func TestExplainReasons(t *testing.T) {
 	device := config.DefaultDeviceConfig()
-	gpu := "GPU-1"
-	full := migPod(t, "full", "n1", api.BindPhaseSuccess, rec(gpu, "2g.10gb", 0, 2), rec(gpu, "2g.10gb", 2, 2), rec(gpu, "2g.10gb", 4, 2))
-	nodes := []v1.Node{node(t, "n1", a100(t, gpu)), node(t, "n2", a100(t, "GPU-2")), node(t, "n3", a100(t, "GPU-3")), node(t, "n4", a100(t, "GPU-4"))}
-	leases := []coordinationv1.Lease{lease("n1", now), lease("n2", now), lease("n3", now.Add(-time.Hour))}
-	ask := func(mem string) *v1.Pod {
-		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "want", Namespace: "default", UID: "u"}, Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c",
-			Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("1"), api.ResourceMemory: resource.MustParse(mem)}}}}}}
+	// RTX PRO 6000 nodes may only make 1g.24gb+me.all (which holds every media engine, so
+	// only -me profiles fit beside it) and 2g.48gb.
+	device.Nvidia.MigProfileAllowlist = append([]config.AllowlistEntry{{Models: []string{"RTX-PRO-6000-Blackwell-Server"}, Profiles: []string{"1g.24gb+me.all", "2g.48gb"}}}, device.Nvidia.MigProfileAllowlist...)
+	nodes, leases := world(t, device, "frag=A100-40GB", "me=RTX-PRO-6000-Blackwell-Server", "core=A100-40GB:hami-core", "gone=A100-40GB")
+	frag, me := gpuID(t, nodes[0], 0), gpuID(t, nodes[1], 0)
+	leases[3].Spec.RenewTime = &metav1.MicroTime{Time: testNow.Add(-time.Hour)}
+	nodes[2].Spec.Taints = nil
+	tainted := nodes[0].DeepCopy()
+	tainted.Name, tainted.Labels = "tainted", map[string]string{v1.LabelHostname: "tainted"}
+	tainted.Spec.Taints = []v1.Taint{{Key: "dedicated", Value: "infra", Effect: v1.TaintEffectNoSchedule}}
+	nodes = append(nodes, *tainted)
+	// frag holds 1g.5gb at slots 3, 4, 5 and 6: four slots free (0-2, 7) but no 3g.20gb
+	// placement ([0,4) or [4,8)) free.
+	pods := []v1.Pod{
+		bound(t, "s3", "frag", rec(frag, "1g.5gb", 3, 1)), bound(t, "s4", "frag", rec(frag, "1g.5gb", 4, 1)),
+		bound(t, "s5", "frag", rec(frag, "1g.5gb", 5, 1)), bound(t, "s6", "frag", rec(frag, "1g.5gb", 6, 1)),
+		bound(t, "all-me", "me", rec(me, "1g.24gb+me.all", 0, 3)),
 	}
 	for _, tc := range []struct {
-		name string
-		pod  *v1.Pod
-		want map[string]string // node → reason ("" fits)
+		name        string
+		pod         *v1.Pod
+		node        string // the node the pod is pinned to; every other node refuses by selector
+		reason      string
+		fitsWithout [][]string
 	}{
-		{"3g.20gb", ask("19000"), map[string]string{"n1": string(placement.ReasonPlacementsTaken), "n2": "", "n3": "node's dynamig-device-plugin heartbeat expired", "n4": "node's dynamig-device-plugin heartbeat missing"}},
-		{"no profile that big", ask("50000"), map[string]string{"n1": string(placement.ReasonNoProfile), "n2": string(placement.ReasonNoProfile)}},
+		{"no profile", gpuPod("huge", api.ModeMIG, "45000", "frag"), "frag", string(placement.ReasonNoProfile), nil},
+		{"all taken", gpuPod("whole", api.ModeMIG, "39000", "frag"), "frag", string(placement.ReasonPlacementsTaken), [][]string{}},
+		{"fragmented", gpuPod("half", api.ModeMIG, "19000", "frag"), "frag", string(placement.ReasonFragmented), [][]string{{"default/s3"}}},
+		{"instance limit", gpuPod("beside", api.ModeMIG, "40000", "me"), "me", string(placement.ReasonInstanceLimit), [][]string{{"default/all-me"}}},
+		{"heartbeat expired", gpuPod("late", api.ModeMIG, "4000", "gone"), "gone", string(placement.ReasonHeartbeat), nil},
+		{"mode", gpuPod("mig-on-core", api.ModeMIG, "4000", "core"), "core", string(placement.ReasonNoMIGGPU), nil},
+		{"mode, hami-core on MIG", gpuPod("core-on-mig", api.ModeHAMiCore, "4000", "frag"), "frag", string(placement.ReasonNoGPU), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Explain(tc.pod, nodes, []v1.Pod{full}, leases, args, device, now)
+			e, err := Explain(tc.pod, nodes, pods, leases, policy(t, device), testNow)
 			if err != nil {
 				t.Fatal(err)
 			}
+			got := e.Nodes
+			if len(got) != len(nodes) {
+				t.Fatalf("%d verdicts for %d nodes", len(got), len(nodes))
+			}
 			for _, v := range got {
-				want, ok := tc.want[v.Node]
-				if !ok {
+				want := ReasonNodeAffinity
+				switch v.Node {
+				case "tainted": // TaintToleration runs before NodeAffinity
+					want = ReasonTaints
+				case tc.node:
+					want = tc.reason
+				}
+				if v.Fits || v.Reason != want {
+					t.Errorf("%s: fits %v, reason %q (%s), want %q", v.Node, v.Fits, v.Reason, v.Detail, want)
+				}
+				if v.Node != tc.node {
 					continue
 				}
-				if v.Reason != want || v.Fits != (want == "") {
-					t.Errorf("%s: fits %v reason %q (%s), want %q", v.Node, v.Fits, v.Reason, v.Detail, want)
+				if tc.fitsWithout != nil && fmt.Sprint(v.FitsWithout) != fmt.Sprint(tc.fitsWithout) {
+					t.Errorf("%s: fits without %v, want %v", v.Node, v.FitsWithout, tc.fitsWithout)
 				}
-				if v.Fits && (len(v.Devices) != 1 || !strings.Contains(v.Devices[0], "3g.20gb [") || !strings.HasSuffix(v.Devices[0], "on GPU-2")) {
-					t.Errorf("%s: devices %v", v.Node, v.Devices)
+				if blockable(placement.Reason(v.Reason)) && len(v.Layout) != 1 {
+					t.Errorf("%s: layout %v, want the GPU's slot map", v.Node, v.Layout)
 				}
 			}
 		})
 	}
-	if _, err := Explain(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cpu"}}, nodes, nil, leases, args, device, now); err == nil || !strings.Contains(err.Error(), "not a GPU pod") {
+	// The fragmented layout shows what blocks 3g.20gb.
+	e, _ := Explain(gpuPod("half", api.ModeMIG, "19000", "frag"), nodes, pods, leases, policy(t, device), testNow)
+	for _, v := range e.Nodes {
+		if v.Node == "frag" && (len(v.Layout) != 1 || !strings.Contains(v.Layout[0], "|. . . a b c d .| a=default/s3 1g.5gb [3,4)")) {
+			t.Errorf("frag's layout: %q", v.Layout)
+		}
+	}
+	if _, err := Explain(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cpu"}}, nodes, nil, leases, policy(t, device), testNow); err == nil || !strings.Contains(err.Error(), "not a GPU pod") {
 		t.Errorf("CPU pod: %v", err)
+	}
+	// More than any node's largest device: PreFilter refuses every node at once.
+	if e, err := Explain(gpuPod("huge", api.ModeMIG, "50000", ""), nodes, pods, leases, policy(t, device), testNow); err != nil || len(e.Nodes) != 0 ||
+		e.Refusal != `container "c" asks for nvidia.com/gpumem 50000 (MiB per GPU device); the largest device any node offers has 48512 MiB` {
+		t.Errorf("50000 MiB: %+v, %v", e, err)
+	}
+}
+
+// TestExplainHostFilters: kube-scheduler's own filters come first, in its order.
+func TestExplainHostFilters(t *testing.T) {
+	device := config.DefaultDeviceConfig()
+	nodes, leases := world(t, device, "a=A100-40GB", "b=A100-40GB", "c=A100-40GB", "d=A100-40GB")
+	nodes[0].Spec.Unschedulable = true
+	nodes[2].Status.Allocatable[v1.ResourceCPU] = resource.MustParse("1")
+	pod := gpuPod("p", api.ModeMIG, "4000", "")
+	pod.Spec.Containers[0].Resources.Requests = v1.ResourceList{v1.ResourceCPU: resource.MustParse("2")}
+	pod.Spec.NodeSelector = map[string]string{"gpu": "on"}
+	nodes[3].Labels = map[string]string{}
+	e, err := Explain(pod, nodes, nil, leases, policy(t, device), testNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := e.Nodes
+	want := map[string]string{"a": ReasonNodeUnschedulable, "b": "", "c": "Insufficient cpu", "d": ReasonNodeAffinity}
+	for _, v := range got {
+		if v.Reason != want[v.Node] || v.Fits != (want[v.Node] == "") {
+			t.Errorf("%s: fits %v reason %q, want %q", v.Node, v.Fits, v.Reason, want[v.Node])
+		}
+	}
+}
+
+// TestSimulate: pods land one after another, each seeing those before it, higher priority
+// first; a pod that fits nowhere gets the refusals counted; a CPU pod is skipped.
+func TestSimulate(t *testing.T) {
+	device := config.DefaultDeviceConfig()
+	nodes, leases := world(t, device, "a100=A100-40GB", "h100=H100-80GB", "core=A100-40GB:hami-core")
+	a100 := gpuID(t, nodes[0], 0)
+	// a100 already holds a 3g.20gb at [4,8): binpack fills it first.
+	existing := []v1.Pod{bound(t, "old", "a100", rec(a100, "3g.20gb", 4, 4))}
+	urgent := gpuPod("urgent", api.ModeMIG, "30000", "")
+	urgent.Spec.Priority = ptr.To[int32](100)
+	cpu := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cpu", Namespace: "default"}, Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c"}}}}
+	pods := []*v1.Pod{
+		gpuPod("m1", api.ModeMIG, "9000", ""), gpuPod("m2", api.ModeMIG, "9000", ""), gpuPod("m3", api.ModeMIG, "4000", ""),
+		gpuPod("shared", api.ModeHAMiCore, "4000", ""), cpu, gpuPod("too-big", api.ModeMIG, "90000", ""), gpuPod("whole", api.ModeMIG, "70000", ""), urgent,
+	}
+	got := Simulate(pods, nodes, existing, leases, policy(t, device), testNow)
+	type landing struct{ pod, node, device string }
+	want := []landing{
+		{"default/urgent", "h100", "3g.40gb"}, // priority first; only H100's 3g.40gb is big enough
+		{"default/m1", "a100", "2g.10gb [0,2)"},
+		{"default/m2", "a100", "2g.10gb [2,4)"},
+		{"default/m3", "h100", "1g.10gb"},
+		{"default/shared", "core", "4000 MiB"},
+		{"default/cpu", "", ""},
+		{"default/too-big", "", ""},
+		{"default/whole", "", ""},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d landings: %+v", len(got), got)
+	}
+	for i, w := range want {
+		g := got[i]
+		if g.Pod != w.pod || g.Node != w.node || w.device != "" && (len(g.Devices) != 1 || !strings.Contains(g.Devices[0], w.device)) {
+			t.Errorf("landing %d: %s on %q %v, want %s on %q with %s", i, g.Pod, g.Node, g.Devices, w.pod, w.node, w.device)
+		}
+	}
+	if got[5].Skipped == "" || !strings.Contains(got[5].Skipped, "not a GPU pod") {
+		t.Errorf("cpu: %+v", got[5])
+	}
+	if r := got[6].Refusal; !strings.Contains(r, "the largest device any node offers has 81152 MiB") {
+		t.Errorf("too-big's refusal: %v", r)
+	}
+	if r := got[7].Refusals; r[string(placement.ReasonPlacementsTaken)] != 1 || r[string(placement.ReasonNoProfile)] != 1 || r[string(placement.ReasonNoMIGGPU)] != 1 {
+		t.Errorf("whole's refusals: %v", r)
+	}
+	// Nothing was changed in the inputs.
+	if len(existing) != 1 || nodes[0].Annotations[api.NodeInventoryAnnotation] == "" {
+		t.Errorf("inputs changed")
+	}
+}
+
+// TestSimulateCloseScores: two equal empty nodes tie: the pick is the first, the other is
+// close (kube-scheduler's other plugins decide between them).
+func TestSimulateCloseScores(t *testing.T) {
+	device := config.DefaultDeviceConfig()
+	nodes, leases := world(t, device, "x=A100-40GB", "y=A100-40GB")
+	got := Simulate([]*v1.Pod{gpuPod("p", api.ModeMIG, "4000", "")}, nodes, nil, leases, policy(t, device), testNow)
+	if got[0].Node != "x" || fmt.Sprint(got[0].Close) != "[y]" {
+		t.Errorf("%+v", got[0])
+	}
+}
+
+func TestParseNodes(t *testing.T) {
+	for _, tc := range []struct {
+		spec, want, err string
+	}{
+		{"a=2xA100-40GB+H100-80GB", "a mig [A100-40GB A100-40GB H100-80GB]", ""},
+		{"b=A30-24GB:hami-core", "b hami-core [A30-24GB]", ""},
+		{"c", "", `--nodes "c": want NAME=`},
+		{"d=2xV100", "", `unknown GPU model "V100"`},
+		{"e=A100-40GB:exclusive", "", `mode "exclusive"`},
+		{"f=0xA100-40GB", "", "0 GPUs of A100-40GB"},
+	} {
+		got, err := ParseNodes([]string{tc.spec})
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: error %v, want %q", tc.spec, err, tc.err)
+			}
+		case err != nil:
+			t.Errorf("%s: %v", tc.spec, err)
+		case fmt.Sprintf("%s %s %v", got[0].Name, got[0].Mode, got[0].Models) != tc.want:
+			t.Errorf("%s: %+v, want %s", tc.spec, got[0], tc.want)
+		}
+	}
+	if _, err := ParseNodes([]string{"a=A100-40GB", "a=A100-40GB"}); err == nil || !strings.Contains(err.Error(), "described twice") {
+		t.Errorf("twice: %v", err)
 	}
 }

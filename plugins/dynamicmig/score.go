@@ -2,20 +2,11 @@ package dynamicmig
 
 import (
 	"context"
-	"math"
 
 	v1 "k8s.io/api/core/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 
-	"github.com/dynamig/dynamig/api"
-)
-
-// Score weights: GPU occupancy leads, the node's CPU and memory follow, and each unit of
-// fragmentation cost counts against the node.
-const (
-	gpuWeight           = 1000
-	hostWeight          = 200
-	fragmentationWeight = 10
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
 
 // PreScore skips Score for pods without GPU requests (PreFilter skipped them, so no state).
@@ -40,28 +31,13 @@ func (pl *DynamicMIG) Score(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if !ok {
 		return 0, fwk.AsStatus(errNoFit(nodeInfo.Node().Name))
 	}
-	gpu := f.gpuUtil
-	host := hostUtilisation(nodeInfo)
-	if s.req.NodePolicy == api.PolicySpread {
-		gpu, host = 1-gpu, 1-host
-	}
-	cost := 0
-	if pl.opts.FragmentationAware {
-		cost = f.result.Cost
-	}
-	return int64(math.Round(gpu*gpuWeight+host*hostWeight)) - int64(cost*fragmentationWeight), nil
+	return placement.NodeScore(f.gpuUtil, hostUtilisation(nodeInfo), f.result.Cost, s.req.NodePolicy, pl.opts.FragmentationAware), nil
 }
 
-// hostUtilisation is the mean of the node's requested CPU and memory fractions.
+// hostUtilisation is the node's requested CPU and memory as DynamicMIG scores them.
 func hostUtilisation(nodeInfo fwk.NodeInfo) float64 {
 	alloc, req := nodeInfo.GetAllocatable(), nodeInfo.GetRequested()
-	frac := func(used, total int64) float64 {
-		if total <= 0 {
-			return 0
-		}
-		return min(1, float64(used)/float64(total))
-	}
-	return (frac(req.GetMilliCPU(), alloc.GetMilliCPU()) + frac(req.GetMemory(), alloc.GetMemory())) / 2
+	return placement.HostUtilisation(req.GetMilliCPU(), alloc.GetMilliCPU(), req.GetMemory(), alloc.GetMemory())
 }
 
 // NormalizeScore maps the raw scores onto [0, MaxNodeScore].

@@ -79,11 +79,22 @@ func start(t *testing.T, nodes ...sandbox.NodeConfig) *world {
 // startWith starts a sandbox that installs the manifest at installFile.
 func startWith(t *testing.T, installFile string, nodes ...sandbox.NodeConfig) *world {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
 	cfg := sandbox.DefaultConfig()
 	if len(nodes) > 0 {
 		cfg = sandbox.Config{Nodes: nodes}
 	}
+	return startSandbox(t, installFile, cfg)
+}
+
+// startConfig starts a sandbox of cfg installed from manifests/install.yaml.
+func startConfig(t *testing.T, cfg sandbox.Config) *world {
+	t.Helper()
+	return startSandbox(t, install, cfg)
+}
+
+func startSandbox(t *testing.T, installFile string, cfg sandbox.Config) *world {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
 	sctx, scancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer scancel()
 	sb, err := sandbox.Start(sctx, sandbox.Options{Config: cfg, Install: installFile})
@@ -359,22 +370,14 @@ func seedExample(t *testing.T, w *world, scheduler string) {
 	w.seesOwnDevices("mig-workload", "workload", recs["mig-workload"])
 	w.realisedEvents(recs)
 	w.componentsAsServiceAccounts()
-	w.kubectlDynamig(recs)
+	w.checkKubectlDynamig(recs)
 }
 
 // kubectlDynamig: `kubectl dynamig nodes` shows the seed layout (two 2g.10gb of gpu-pod1 at
 // [0,2) and [2,4), mig-workload's at [4,6), [6,8) free) and `pods -A` the pods realised
 // with their MIG UUIDs.
-func (w *world) kubectlDynamig(recs map[string][]api.MigReservation) {
-	run := func(args ...string) string {
-		var out, errOut bytes.Buffer
-		cmd := exec.CommandContext(w.ctx, kubectlDynamigBinary, append([]string{"--kubeconfig", w.sb.Kubeconfig()}, args...)...)
-		cmd.Stdout, cmd.Stderr = &out, &errOut
-		if err := cmd.Run(); err != nil {
-			w.t.Fatalf("kubectl dynamig %v: %v: %s", args, err, errOut.String())
-		}
-		return out.String()
-	}
+func (w *world) checkKubectlDynamig(recs map[string][]api.MigReservation) {
+	run := w.kubectlDynamig
 	nodes := run("nodes", "mig-node")
 	for _, want := range []string{"mig-node  heartbeat fresh", "|a a b b c c . .|", "[0,2)  2g.10gb  default/gpu-pod1", "[2,4)  2g.10gb  default/gpu-pod1",
 		"[4,6)  2g.10gb  default/mig-workload", "[6,8)  free", "room   1g.5gb 1 at [6,7)"} {
@@ -403,6 +406,18 @@ func (w *world) kubectlDynamig(recs map[string][]api.MigReservation) {
 			w.t.Errorf("kubectl dynamig explain lacks %q:\n%s", want, explain)
 		}
 	}
+}
+
+// kubectlDynamig runs bin/kubectl-dynamig against the sandbox and returns its stdout.
+func (w *world) kubectlDynamig(args ...string) string {
+	w.t.Helper()
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(w.ctx, kubectlDynamigBinary, append([]string{"--kubeconfig", w.sb.Kubeconfig()}, args...)...)
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		w.t.Fatalf("kubectl dynamig %v: %v: %s", args, err, errOut.String())
+	}
+	return out.String()
 }
 
 // componentsAsServiceAccounts: at the API server, every write of the scheduler and the device

@@ -4,14 +4,17 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -40,8 +43,10 @@ type options struct {
 	config         *genericclioptions.ConfigFlags
 	streams        genericiooptions.IOStreams
 	output         string
-	leaseNamespace string
+	namespace      string
 	resource       string
+	// schedulerConfig and deviceConfigFile override the cluster's ConfigMaps (explain, simulate).
+	schedulerConfig, deviceConfigFile string
 	// now is the clock ages and heartbeats are read against (tests fix it).
 	now func() time.Time
 }
@@ -67,9 +72,11 @@ func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
 	root.SetErr(streams.ErrOut)
 	o.config.AddFlags(root.PersistentFlags())
 	root.PersistentFlags().StringVarP(&o.output, "output", "o", outputTable, "output format: table, wide, json or yaml")
-	root.PersistentFlags().StringVar(&o.leaseNamespace, "lease-namespace", api.DefaultSystemNamespace, "namespace of the device plugins' heartbeat Leases (the chart's release namespace)")
-	root.PersistentFlags().StringVar(&o.resource, "resource-name", string(api.ResourceCount), "the GPU count resource that makes a pod a GPU pod")
-	root.AddCommand(o.nodesCommand(), o.podsCommand(), o.explainCommand(), o.modelsCommand())
+	root.PersistentFlags().StringVar(&o.namespace, "dynamig-namespace", api.DefaultSystemNamespace, "where dynamig is installed (the chart's release namespace): the device plugins' heartbeat Leases and the ConfigMaps dynamig-device-config and dynamig-scheduler-config")
+	root.PersistentFlags().StringVar(&o.resource, "resource-name", "", "the GPU count resource that makes a pod a GPU pod (default: the scheduler config's resourceCountName; nodes and pods: "+api.ResourceCount+")")
+	root.PersistentFlags().StringVar(&o.schedulerConfig, "scheduler-config", "", "explain and simulate: a KubeSchedulerConfiguration file to take DynamicMIG's args from, instead of the cluster's ConfigMap dynamig-scheduler-config")
+	root.PersistentFlags().StringVar(&o.deviceConfigFile, "device-config", "", "explain and simulate: a device-config.yaml to use instead of the cluster's ConfigMap dynamig-device-config")
+	root.AddCommand(o.nodesCommand(), o.podsCommand(), o.explainCommand(), o.simulateCommand(), o.modelsCommand())
 	return root
 }
 
@@ -107,9 +114,9 @@ func (o *options) read(ctx context.Context) (*objects, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing pods: %w", err)
 	}
-	leases, err := client.CoordinationV1().Leases(o.leaseNamespace).List(ctx, metav1.ListOptions{})
+	leases, err := client.CoordinationV1().Leases(o.namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("listing the heartbeat Leases in %s: %w", o.leaseNamespace, err)
+		return nil, fmt.Errorf("listing the heartbeat Leases in %s: %w", o.namespace, err)
 	}
 	return &objects{client: client, nodes: nodes.Items, pods: pods.Items, leases: leases.Items}, nil
 }
@@ -120,7 +127,14 @@ func (o *options) snapshot(ctx context.Context) (*inspect.Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	return inspect.Build(obj.nodes, obj.pods, obj.leases, v1.ResourceName(o.resource), o.now()), nil
+	return inspect.Build(obj.nodes, obj.pods, obj.leases, v1.ResourceName(cmp.Or(o.resource, api.ResourceCount)), o.now()), nil
+}
+
+// colour is whether to paint the tables: only on a terminal, and not with NO_COLOR set or
+// TERM=dumb.
+func (o *options) colour() palette {
+	f, ok := o.streams.Out.(*os.File)
+	return palette(ok && term.IsTerminal(int(f.Fd())) && os.Getenv("NO_COLOR") == "" && os.Getenv("TERM") != "dumb")
 }
 
 // print writes v as JSON or YAML; ok is false for the table formats.
@@ -168,7 +182,7 @@ func (o *options) nodesCommand() *cobra.Command {
 			if ok, err := o.print(map[string]any{"nodes": nodes}); ok {
 				return err
 			}
-			return writeNodes(o.streams.Out, nodes, o.output == outputWide, o.now())
+			return writeNodes(o.streams.Out, nodes, o.output == outputWide, o.now(), o.colour())
 		},
 	}
 }
@@ -201,7 +215,7 @@ func (o *options) podsCommand() *cobra.Command {
 			if ok, err := o.print(map[string]any{"pods": pods}); ok {
 				return err
 			}
-			return writePods(o.streams.Out, pods, all, o.output == outputWide, o.now())
+			return writePods(o.streams.Out, pods, all, o.output == outputWide, o.now(), o.colour())
 		},
 	}
 	c.Flags().BoolVarP(&all, "all-namespaces", "A", false, "GPU pods of every namespace")
@@ -230,40 +244,86 @@ func (o *options) explainCommand() *cobra.Command {
 				return fmt.Errorf("pod %s/%s not found", ns, args[0])
 			}
 			pod := &obj.pods[i]
-			device, source, err := o.deviceConfig(c.Context(), obj.client)
+			policy, source, err := o.policy(c.Context(), obj.client, pod.Spec.SchedulerName)
 			if err != nil {
 				return err
 			}
-			schedArgs := &config.DynamicMIGArgs{}
-			schedArgs.SetDefaults()
-			schedArgs.ResourceCountName = o.resource
-			verdicts, err := inspect.Explain(pod, obj.nodes, obj.pods, obj.leases, schedArgs, device, o.now())
+			e, err := inspect.Explain(pod, obj.nodes, obj.pods, obj.leases, policy, o.now())
 			if err != nil {
 				return err
 			}
-			if ok, err := o.print(map[string]any{"pod": ns + "/" + pod.Name, "node": pod.Spec.NodeName, "deviceConfig": source, "nodes": verdicts}); ok {
+			if ok, err := o.print(map[string]any{"pod": ns + "/" + pod.Name, "node": pod.Spec.NodeName, "policy": source, "refusal": e.Refusal, "nodes": e.Nodes}); ok {
 				return err
 			}
-			return writeExplain(o.streams.Out, pod, source, verdicts)
+			return writeExplain(o.streams.Out, pod, source, e, o.colour())
 		},
 	}
 }
 
-// deviceConfig is the cluster's device config (the chart's ConfigMap dynamig-device-config
-// in the release namespace), or HAMi v2.10's defaults where there is none; source says which.
-func (o *options) deviceConfig(ctx context.Context, client kubernetes.Interface) (*config.DeviceConfig, string, error) {
-	cm, err := client.CoreV1().ConfigMaps(o.leaseNamespace).Get(ctx, "dynamig-device-config", metav1.GetOptions{})
+// policy is what the scheduler decides with: DynamicMIG's args and the device config, each
+// from the file given (--scheduler-config, --device-config), else from the cluster's
+// ConfigMap (the chart's dynamig-scheduler-config and dynamig-device-config in
+// --dynamig-namespace; client nil: none is read), else the shipped defaults. schedulerName
+// picks the profile; source says where each came from.
+func (o *options) policy(ctx context.Context, client kubernetes.Interface, schedulerName string) (*inspect.Policy, string, error) {
+	schedRaw, schedFrom, err := o.configSource(ctx, client, o.schedulerConfig, "dynamig-scheduler-config", "config.yaml")
+	if err != nil {
+		return nil, "", err
+	}
+	devRaw, devFrom, err := o.configSource(ctx, client, o.deviceConfigFile, "dynamig-device-config", "device-config.yaml")
+	if err != nil {
+		return nil, "", err
+	}
+	p := &inspect.Policy{}
+	if schedRaw == nil {
+		p.Args = &config.DynamicMIGArgs{}
+		p.Args.SetDefaults()
+		schedFrom = "the shipped scheduler config"
+	} else {
+		p.Args, err = config.DynamicMIGArgsOf(schedRaw, schedulerName)
+		if err != nil && schedulerName != "" {
+			// A pod naming another scheduler (the webhook renames GPU pods): the profile that
+			// configures DynamicMIG.
+			p.Args, err = config.DynamicMIGArgsOf(schedRaw, "")
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("%s: %w", schedFrom, err)
+		}
+	}
+	if devRaw == nil {
+		p.Device = config.DefaultDeviceConfig()
+		devFrom = "HAMi v2.10's default device config"
+	} else if p.Device, err = config.ParseDeviceConfig(devRaw); err != nil {
+		return nil, "", fmt.Errorf("%s: %w", devFrom, err)
+	}
+	if o.resource != "" {
+		p.Args.ResourceCountName = o.resource
+	}
+	return p, schedFrom + " and " + devFrom, nil
+}
+
+// configSource reads a config from file when given, else from key of the ConfigMap name in
+// --dynamig-namespace; nil when neither is there (or the ConfigMap may not be read).
+func (o *options) configSource(ctx context.Context, client kubernetes.Interface, file, name, key string) ([]byte, string, error) {
+	if file != "" {
+		raw, err := os.ReadFile(file)
+		return raw, file, err
+	}
+	if client == nil {
+		return nil, "", nil
+	}
+	cm, err := client.CoreV1().ConfigMaps(o.namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
-		return config.DefaultDeviceConfig(), "HAMi v2.10's defaults (no readable ConfigMap " + o.leaseNamespace + "/dynamig-device-config)", nil
+		return nil, "", nil
 	}
 	if err != nil {
 		return nil, "", err
 	}
-	dev, err := config.ParseDeviceConfig([]byte(cm.Data["device-config.yaml"]))
-	if err != nil {
-		return nil, "", fmt.Errorf("ConfigMap %s/dynamig-device-config: %w", o.leaseNamespace, err)
+	raw, ok := cm.Data[key]
+	if !ok {
+		return nil, "", fmt.Errorf("ConfigMap %s/%s has no key %s", o.namespace, name, key)
 	}
-	return dev, "ConfigMap " + o.leaseNamespace + "/dynamig-device-config", nil
+	return []byte(raw), "ConfigMap " + o.namespace + "/" + name, nil
 }
 
 func (o *options) modelsCommand() *cobra.Command {
@@ -276,12 +336,59 @@ func (o *options) modelsCommand() *cobra.Command {
 				return err
 			}
 			models := modelTable()
-			if ok, err := o.print(map[string]any{"models": models}); ok {
+			source := "the cluster's nodes"
+			if err := o.countModels(c.Context(), models); err != nil {
+				source = "no cluster read: " + err.Error()
+				fmt.Fprintf(o.streams.ErrOut, "Warning: which models the cluster's nodes have is not shown: %v\n", err)
+			}
+			if ok, err := o.print(map[string]any{"models": models, "inCluster": source}); ok {
 				return err
 			}
 			return writeModels(o.streams.Out, models, o.output == outputWide)
 		},
 	}
+}
+
+// countModels fills each model's GPUs per node from the nodes' inventories.
+func (o *options) countModels(ctx context.Context, models []model) error {
+	cfg, err := o.config.ToRESTConfig()
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing nodes: %w", err)
+	}
+	for i := range models {
+		models[i].InCluster = []nodeGPUs{}
+	}
+	for _, n := range nodes.Items {
+		gpus, err := api.DecodeInventory(n.Annotations[api.NodeInventoryAnnotation])
+		if err != nil {
+			continue
+		}
+		for _, g := range gpus {
+			m, ok := config.LookupModel(g.Type)
+			if !ok {
+				continue
+			}
+			i := slices.IndexFunc(models, func(x model) bool { return x.Model == m.Key })
+			if i < 0 {
+				continue
+			}
+			in := &models[i].InCluster
+			if k := slices.IndexFunc(*in, func(x nodeGPUs) bool { return x.Node == n.Name }); k >= 0 {
+				(*in)[k].GPUs++
+			} else {
+				*in = append(*in, nodeGPUs{Node: n.Name, GPUs: 1})
+			}
+		}
+	}
+	return nil
 }
 
 // Main runs the command with args; the exit status is 0, or 1 with the error on stderr.

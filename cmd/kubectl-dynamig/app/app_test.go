@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
@@ -102,9 +103,9 @@ func TestTableOutput(t *testing.T) {
 		name  string
 		write func(*bytes.Buffer) error
 	}{
-		{"nodes.golden", func(b *bytes.Buffer) error { return writeNodes(b, c.Nodes, false, now) }},
-		{"nodes-wide.golden", func(b *bytes.Buffer) error { return writeNodes(b, c.Nodes, true, now) }},
-		{"pods.golden", func(b *bytes.Buffer) error { return writePods(b, c.Pods, true, false, now) }},
+		{"nodes.golden", func(b *bytes.Buffer) error { return writeNodes(b, c.Nodes, false, now, false) }},
+		{"nodes-wide.golden", func(b *bytes.Buffer) error { return writeNodes(b, c.Nodes, true, now, false) }},
+		{"pods.golden", func(b *bytes.Buffer) error { return writePods(b, c.Pods, true, false, now, false) }},
 		{"models.golden", func(b *bytes.Buffer) error { return writeModels(b, modelTable(), false) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -145,12 +146,12 @@ func TestExplainOutput(t *testing.T) {
 			api.ResourceCount: resource.MustParse("1"), api.ResourceMemory: resource.MustParse("19000")}}}}}}
 	args := &config.DynamicMIGArgs{}
 	args.SetDefaults()
-	verdicts, err := inspect.Explain(want, nodes, pods, leases, args, config.DefaultDeviceConfig(), now)
+	e, err := inspect.Explain(want, nodes, pods, leases, &inspect.Policy{Args: args, Device: config.DefaultDeviceConfig()}, now)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var b bytes.Buffer
-	if err := writeExplain(&b, want, "HAMi v2.10's defaults", verdicts); err != nil {
+	if err := writeExplain(&b, want, "HAMi v2.10's defaults", e, false); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "explain.golden", b.Bytes())
@@ -183,5 +184,35 @@ func TestBadOutput(t *testing.T) {
 	var out, errOut bytes.Buffer
 	if code := Main(t.Context(), []string{"models", "-o", "xml"}, &out, &errOut); code != 1 || !bytes.Contains(errOut.Bytes(), []byte(`--output "xml"`)) {
 		t.Errorf("exit %d, stderr %q", code, errOut.String())
+	}
+}
+
+// TestColourKeepsColumns: painted tables line up as plain ones do once the colour codes are
+// taken out, and output that is not a terminal is never painted.
+func TestColourKeepsColumns(t *testing.T) {
+	c := seed(t)
+	ansi := regexp.MustCompile("\x1b\\[[0-9]+m")
+	for name, write := range map[string]func(*bytes.Buffer, palette) error{
+		"pods":  func(b *bytes.Buffer, p palette) error { return writePods(b, c.Pods, true, false, now, p) },
+		"nodes": func(b *bytes.Buffer, p palette) error { return writeNodes(b, c.Nodes, false, now, p) },
+	} {
+		var plain, painted bytes.Buffer
+		if err := write(&plain, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := write(&painted, true); err != nil {
+			t.Fatal(err)
+		}
+		if !ansi.Match(painted.Bytes()) {
+			t.Errorf("%s: nothing painted", name)
+		}
+		if got := ansi.ReplaceAll(painted.Bytes(), nil); !bytes.Equal(got, plain.Bytes()) {
+			t.Errorf("%s: painted table, codes removed:\n%s\nplain:\n%s", name, got, plain.Bytes())
+		}
+	}
+	o := &options{}
+	o.streams.Out = &bytes.Buffer{}
+	if o.colour() {
+		t.Error("a buffer is not a terminal")
 	}
 }

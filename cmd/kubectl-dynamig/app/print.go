@@ -3,6 +3,7 @@ package app
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,7 +18,7 @@ import (
 
 // writeNodes prints each node, then per GPU its slot map (one cell per memory slot, a letter
 // per reservation, "." free) with a line per reservation, and the room per profile.
-func writeNodes(w io.Writer, nodes []inspect.Node, wide bool, now time.Time) error {
+func writeNodes(w io.Writer, nodes []inspect.Node, wide bool, now time.Time, pal palette) error {
 	if len(nodes) == 0 {
 		_, err := fmt.Fprintln(w, "No dynamig GPU nodes: no node publishes an inventory (hami.io/node-nvidia-register) or renews a heartbeat.")
 		return err
@@ -26,7 +27,7 @@ func writeNodes(w io.Writer, nodes []inspect.Node, wide bool, now time.Time) err
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
-		fmt.Fprintf(w, "%s  heartbeat %s", n.Name, n.Heartbeat)
+		fmt.Fprintf(w, "%s  heartbeat %s", n.Name, pal.paint(n.Heartbeat, stateColour[n.Heartbeat]))
 		switch n.Heartbeat {
 		case "fresh":
 			fmt.Fprintf(w, " (for %s)", duration.HumanDuration(n.HeartbeatUntil.Sub(now)))
@@ -77,24 +78,12 @@ func writeGPU(w io.Writer, g *inspect.GPU, wide bool) {
 		return
 	}
 	// The map: a cell per slot.
-	cells := make([]string, g.SlotCount())
-	for i := range cells {
-		cells[i] = "."
-	}
+	cells, marks := inspect.SlotCells(g.Slots)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	letter := 0
 	var legend []string
-	for _, s := range g.Slots {
-		mark := "."
-		if s.Pod != "" {
-			mark = string(rune('a' + letter%26))
-			letter++
-		}
-		for c := s.Placement.Start; c < s.Placement.End() && c < len(cells); c++ {
-			cells[c] = mark
-		}
+	for _, s := range marks {
 		if s.Pod == "" {
-			legend = append(legend, fmt.Sprintf("%s\t%s\tfree", mark, s.Placement))
+			legend = append(legend, fmt.Sprintf("%s\t%s\tfree", s.Mark, s.Placement))
 			continue
 		}
 		uuid := s.MIGUUID
@@ -103,7 +92,7 @@ func writeGPU(w io.Writer, g *inspect.GPU, wide bool) {
 		} else if !wide {
 			uuid = short(uuid)
 		}
-		legend = append(legend, fmt.Sprintf("%s\t%s\t%s\t%s\t%s", mark, s.Placement, s.Profile, s.Pod, uuid))
+		legend = append(legend, fmt.Sprintf("%s\t%s\t%s\t%s\t%s", s.Mark, s.Placement, s.Profile, s.Pod, uuid))
 	}
 	fmt.Fprintf(w, "    slots  |%s|\n", strings.Join(cells, " "))
 	for _, l := range legend {
@@ -139,7 +128,7 @@ func short(uuid string) string {
 }
 
 // writePods prints a row per GPU pod: its node, state, age and devices.
-func writePods(w io.Writer, pods []inspect.Pod, namespaces, wide bool, now time.Time) error {
+func writePods(w io.Writer, pods []inspect.Pod, namespaces, wide bool, now time.Time, pal palette) error {
 	if len(pods) == 0 {
 		_, err := fmt.Fprintln(w, "No GPU pods.")
 		return err
@@ -148,7 +137,7 @@ func writePods(w io.Writer, pods []inspect.Pod, namespaces, wide bool, now time.
 	if namespaces {
 		fmt.Fprint(tw, "NAMESPACE\t")
 	}
-	fmt.Fprintln(tw, "NAME\tNODE\tSTATE\tAGE\tDEVICES")
+	fmt.Fprintf(tw, "NAME\tNODE\t%s\tAGE\tDEVICES\n", pal.paint("STATE", ""))
 	for _, p := range pods {
 		if namespaces {
 			fmt.Fprintf(tw, "%s\t", p.Namespace)
@@ -161,7 +150,7 @@ func writePods(w io.Writer, pods []inspect.Pod, namespaces, wide bool, now time.
 		if p.Reason != "" {
 			state += ": " + p.Reason
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, node, state, duration.HumanDuration(now.Sub(p.Created)), devices(&p, wide))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, node, pal.paint(state, stateColour[p.State]), duration.HumanDuration(now.Sub(p.Created)), devices(&p, wide))
 	}
 	return tw.Flush()
 }
@@ -198,6 +187,14 @@ type model struct {
 	Slots     int            `json:"slots"`
 	Confirmed bool           `json:"confirmed"`
 	Profiles  []modelProfile `json:"profiles"`
+	// InCluster are the cluster's nodes with GPUs of the model (nil: the cluster was not read).
+	InCluster []nodeGPUs `json:"inCluster"`
+}
+
+// nodeGPUs is how many GPUs of a model a node has.
+type nodeGPUs struct {
+	Node string `json:"node"`
+	GPUs int    `json:"gpus"`
 }
 
 type modelProfile struct {
@@ -238,22 +235,22 @@ func contains(list []string, s string) bool {
 // writeModels prints a row per profile of every model; wide adds the placements.
 func writeModels(w io.Writer, models []model, wide bool) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
-	header := "MODEL\tNVML NAME\tPROFILE\tMEMORY(MiB)\tSLICES\tINSTANCES\tDEFAULT ALLOWLIST"
+	header := "MODEL\tNVML NAME\tIN CLUSTER\tPROFILE\tMEMORY(MiB)\tSLICES\tINSTANCES\tDEFAULT ALLOWLIST"
 	if wide {
 		header += "\tPLACEMENTS"
 	}
 	fmt.Fprintln(tw, header)
 	for _, m := range models {
 		for i, p := range m.Profiles {
-			name, nvml := m.Model, m.NVMLNames[0]
+			name, nvml, in := m.Model, m.NVMLNames[0], inCluster(m.InCluster)
 			if i > 0 {
-				name, nvml = "", ""
+				name, nvml, in = "", "", ""
 			}
 			allowed := "-"
 			if p.Allowed {
 				allowed = "yes"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s", name, nvml, p.Name, p.MemoryMiB, p.Slices, p.Instances, allowed)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s", name, nvml, in, p.Name, p.MemoryMiB, p.Slices, p.Instances, allowed)
 			if wide {
 				var pls []string
 				for _, pl := range p.Placements {
@@ -267,29 +264,181 @@ func writeModels(w io.Writer, models []model, wide bool) error {
 	return tw.Flush()
 }
 
-// writeExplain prints, per node, whether the pod fits and why not.
-func writeExplain(w io.Writer, pod *v1.Pod, source string, verdicts []inspect.Verdict) error {
+// inCluster is "-" for a model no node has, "?" when the cluster was not read, else the
+// GPUs and nodes: "9 on 2 nodes".
+func inCluster(in []nodeGPUs) string {
+	if in == nil {
+		return "?"
+	}
+	if len(in) == 0 {
+		return "-"
+	}
+	gpus := 0
+	for _, n := range in {
+		gpus += n.GPUs
+	}
+	if len(in) == 1 {
+		return fmt.Sprintf("%d on %s", gpus, in[0].Node)
+	}
+	return fmt.Sprintf("%d on %d nodes", gpus, len(in))
+}
+
+// writeExplain prints, per GPU node, whether the pod fits and why not, the other nodes'
+// reasons counted, then for each node other pods block what stands in the way.
+func writeExplain(w io.Writer, pod *v1.Pod, source string, e *inspect.Explanation, pal palette) error {
 	fmt.Fprintf(w, "Pod %s/%s", pod.Namespace, pod.Name)
 	if pod.Spec.NodeName != "" {
 		fmt.Fprintf(w, " (bound to %s; the nodes are judged without it)", pod.Spec.NodeName)
 	}
-	fmt.Fprintf(w, ", by dynamig's Filter with %s.\nkube-scheduler's own filters (node selectors, affinity, taints, CPU and memory) are not evaluated.\n", source)
-	if len(verdicts) == 0 {
-		_, err := fmt.Fprintln(w, "No dynamig GPU nodes.")
+	fmt.Fprintf(w, ", by the scheduler's filters with %s.\n", source)
+	if e.Refusal != "" {
+		_, err := fmt.Fprintf(w, "The scheduler refuses it before it looks at any node: %s.\n", e.Refusal)
 		return err
 	}
+	fmt.Fprintln(w, notEvaluated)
+	verdicts := e.Nodes
+	var others []inspect.Verdict
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tFITS\tWHY")
+	fmt.Fprintf(tw, "NODE\t%s\tWHY\n", pal.paint("FITS", ""))
 	for _, v := range verdicts {
+		if !v.GPUNode {
+			others = append(others, v)
+			continue
+		}
 		if v.Fits {
-			fmt.Fprintf(tw, "%s\tyes\t%s\n", v.Node, strings.Join(v.Devices, "; "))
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", v.Node, pal.paint("yes", green), strings.Join(v.Devices, "; "))
 			continue
 		}
 		why := v.Reason
 		if v.Detail != "" {
 			why += ": " + v.Detail
 		}
-		fmt.Fprintf(tw, "%s\tno\t%s\n", v.Node, why)
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", v.Node, pal.paint("no", red), why)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(others) > 0 {
+		fmt.Fprintf(w, "%d node(s) without dynamig's device plugin: %s.\n", len(others), countReasons(others))
+	}
+	for _, v := range verdicts {
+		if len(v.Layout) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s:\n", v.Node)
+		for _, l := range v.Layout {
+			fmt.Fprintf(w, "  %s\n", l)
+		}
+		switch {
+		case len(v.FitsWithout) == 0:
+			fmt.Fprintln(w, "  no one pod's or two pods' ending would make room")
+		case len(v.FitsWithout[0]) == 1:
+			fmt.Fprintf(w, "  fits once one of these ends: %s\n", joinSets(v.FitsWithout))
+		default:
+			fmt.Fprintf(w, "  fits once both pods of one of these pairs end: %s\n", joinSets(v.FitsWithout))
+		}
+	}
+	return nil
+}
+
+// notEvaluated names kube-scheduler's filters explain and simulate cannot tell from the objects.
+const notEvaluated = "Not evaluated: kube-scheduler's inter-pod affinity, topology spread, volume and port filters, and nominated pods."
+
+func joinSets(sets [][]string) string {
+	out := make([]string, len(sets))
+	for i, s := range sets {
+		out[i] = strings.Join(s, " and ")
+	}
+	return strings.Join(out, "; ")
+}
+
+// countReasons counts the verdicts' reasons as the scheduler's Pending event does: "2 node(s)
+// were unschedulable, 1 …", in reason order.
+func countReasons(verdicts []inspect.Verdict) string {
+	counts := map[string]int{}
+	for _, v := range verdicts {
+		counts[v.Reason]++
+	}
+	return formatCounts(counts)
+}
+
+func formatCounts(counts map[string]int) string {
+	reasons := make([]string, 0, len(counts))
+	for r := range counts {
+		reasons = append(reasons, r)
+	}
+	slices.Sort(reasons)
+	for i, r := range reasons {
+		reasons[i] = fmt.Sprintf("%d %s", counts[r], r)
+	}
+	return strings.Join(reasons, ", ")
+}
+
+// writeLandings prints where each simulated pod lands.
+func writeLandings(w io.Writer, landings []inspect.Landing, where, source string, wide bool, pal palette) error {
+	fmt.Fprintf(w, "Placing %d pod(s) on %s, with %s.\n%s\n", len(landings), where, source, notEvaluated)
+	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
+	fmt.Fprintf(tw, "POD\t%s\tDEVICES\tCLOSE\n", pal.paint("NODE", ""))
+	for _, l := range landings {
+		switch {
+		case l.Refusal != "":
+			fmt.Fprintf(tw, "%s\t%s\trefused before any node: %s\t\n", l.Pod, pal.paint("<none>", red), l.Refusal)
+		case l.Skipped != "":
+			fmt.Fprintf(tw, "%s\t%s\tskipped: %s\t\n", l.Pod, pal.paint("-", yellow), l.Skipped)
+		case l.Node == "":
+			total := 0
+			for _, n := range l.Refusals {
+				total += n
+			}
+			fmt.Fprintf(tw, "%s\t%s\t0/%d nodes are available: %s\t\n", l.Pod, pal.paint("<none>", red), total, formatCounts(l.Refusals))
+		default:
+			devs := l.Devices
+			if !wide {
+				devs = make([]string, len(l.Devices))
+				for i, d := range l.Devices {
+					devs[i] = shortUUIDs(d)
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", l.Pod, pal.paint(l.Node, green), strings.Join(devs, "; "), strings.Join(l.Close, ","))
+		}
 	}
 	return tw.Flush()
+}
+
+// shortUUIDs shortens every GPU-/MIG- UUID in s.
+func shortUUIDs(s string) string {
+	fields := strings.Fields(s)
+	for i, f := range fields {
+		if strings.HasPrefix(f, "GPU-") || strings.HasPrefix(f, "MIG-") {
+			fields[i] = short(f)
+		}
+	}
+	return strings.Join(fields, " ")
+}
+
+// palette paints table cells with ANSI colours when the output is a terminal. Every code is
+// five bytes and every painted column is painted in every row, its header included, so
+// tabwriter's byte-counted columns stay aligned.
+type palette bool
+
+const (
+	green  = "\x1b[32m"
+	red    = "\x1b[31m"
+	yellow = "\x1b[33m"
+	plain  = "\x1b[39m"
+	reset  = "\x1b[0m"
+)
+
+// stateColour colours heartbeats and pod states.
+var stateColour = map[string]string{"fresh": green, "expired": red, "missing": red,
+	"realised": green, "reserved": yellow, "pending": yellow, "failed": red}
+
+func (p palette) paint(s, colour string) string {
+	if !p {
+		return s
+	}
+	if colour == "" {
+		colour = plain
+	}
+	return colour + s + reset
 }

@@ -18,10 +18,24 @@ const (
 	ReasonFragmented      Reason = "MIG GPU fragmented: enough free slots but no legal placement"
 )
 
-var reasonRank = map[Reason]int{
-	ReasonNone: 0, ReasonNoGPU: 1, ReasonUnusable: 2, ReasonNotSelected: 3, ReasonNoMIGGPU: 4, ReasonNoProfile: 5,
-	ReasonShareLimit: 6, ReasonPlacementsTaken: 7, ReasonInstanceLimit: 8, ReasonFragmented: 9,
-}
+// Reasons of DynamicMIG's Filter before the allocator runs (the node's device plugin).
+const (
+	ReasonNoInventory Reason = "node publishes no GPU inventory (no dynamig-device-plugin)"
+	ReasonHeartbeat   Reason = "node's dynamig-device-plugin heartbeat expired"
+)
+
+// Reasons lists the allocator's reasons, from the least to the most hopeful.
+var Reasons = []Reason{ReasonNoGPU, ReasonUnusable, ReasonNotSelected, ReasonNoMIGGPU, ReasonNoProfile,
+	ReasonShareLimit, ReasonPlacementsTaken, ReasonInstanceLimit, ReasonFragmented}
+
+// reasonRank is a reason's position in Reasons, from 1; ReasonNone's is 0.
+var reasonRank = func() map[Reason]int {
+	m := map[Reason]int{ReasonNone: 0}
+	for i, r := range Reasons {
+		m[r] = i + 1
+	}
+	return m
+}()
 
 // refusal is one reason with its node-specific detail.
 type refusal struct {

@@ -29,6 +29,16 @@ type Request struct {
 	MaxMemoryContainer string
 }
 
+// CheckLargest refuses a request whose explicit memory per device is more than the largest
+// device of its mode any node offers (largest MiB), naming the container and memoryResource.
+func (r *Request) CheckLargest(largest int, memoryResource string) error {
+	if r.MaxMemoryMiB <= largest {
+		return nil
+	}
+	return fmt.Errorf("container %q asks for %s %d (MiB per GPU device); the largest device any node offers has %d MiB",
+		r.MaxMemoryContainer, memoryResource, r.MaxMemoryMiB, largest)
+}
+
 // Parse reads the pod's GPU request. It returns nil, nil for a pod that asks for no GPU.
 // Every error names the container (or annotation) and the value.
 //

@@ -1,0 +1,48 @@
+package config
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestDynamicMIGArgsOf(t *testing.T) {
+	shipped, err := os.ReadFile("../manifests/scheduler-config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	two := `profiles:
+- schedulerName: a
+  pluginConfig: [{name: DynamicMIG, args: {nodeSchedulerPolicy: spread}}]
+- schedulerName: b
+  pluginConfig: [{name: DynamicMIG, args: {nodeSchedulerPolicy: binpack}}]
+`
+	for _, tc := range []struct {
+		name, config, scheduler string
+		wantPolicy, wantErr     string
+	}{
+		{"the shipped config", string(shipped), "dynamig-scheduler", "binpack", ""},
+		{"the shipped config, no name", string(shipped), "", "binpack", ""},
+		{"named profile", two, "a", "spread", ""},
+		{"no such profile", two, "c", "", `no profile has schedulerName "c"`},
+		{"two profiles, no name", two, "", "", "profiles [a b] all configure DynamicMIG"},
+		{"no args: defaults", "profiles: [{schedulerName: x}]", "x", "binpack", ""},
+		{"bad args name the field", "profiles: [{schedulerName: x, pluginConfig: [{name: DynamicMIG, args: {nodeSchedulerPolicy: tight}}]}]", "x", "", "nodeSchedulerPolicy"},
+		{"unknown field", "profiles: [{schedulerName: x, pluginConfig: [{name: DynamicMIG, args: {nodePolicy: spread}}]}]", "x", "", "nodePolicy"},
+		{"not YAML", "profiles: [", "", "", "KubeSchedulerConfiguration"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args, err := DynamicMIGArgsOf([]byte(tc.config), tc.scheduler)
+			switch {
+			case tc.wantErr != "":
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Errorf("error %v, want %q", err, tc.wantErr)
+				}
+			case err != nil:
+				t.Errorf("%v", err)
+			case args.NodeSchedulerPolicy != tc.wantPolicy:
+				t.Errorf("nodeSchedulerPolicy %q, want %q", args.NodeSchedulerPolicy, tc.wantPolicy)
+			}
+		})
+	}
+}
