@@ -35,7 +35,7 @@ type Landing struct {
 	Refusals map[string]int `json:"refusals,omitempty"`
 	// Refusal is the scheduler's PreFilter refusal, which refuses every node at once.
 	Refusal string `json:"refusal,omitempty"`
-	Skipped  string         `json:"skipped,omitempty"`
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // dynamicMIGWeight is DynamicMIG's Score weight in the shipped scheduler profile, and

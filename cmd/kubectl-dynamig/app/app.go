@@ -40,11 +40,11 @@ const (
 
 // options are the flags every subcommand shares.
 type options struct {
-	config         *genericclioptions.ConfigFlags
-	streams        genericiooptions.IOStreams
-	output         string
-	namespace      string
-	resource       string
+	config    *genericclioptions.ConfigFlags
+	streams   genericiooptions.IOStreams
+	output    string
+	namespace string
+	resource  string
 	// schedulerConfig and deviceConfigFile override the cluster's ConfigMaps (explain, simulate).
 	schedulerConfig, deviceConfigFile string
 	// now is the clock ages and heartbeats are read against (tests fix it).
