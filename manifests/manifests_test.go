@@ -67,7 +67,7 @@ func TestRenderedObjectsDecode(t *testing.T) {
 		"defaults": nil,
 		"install":  InstallValues(),
 		"hami":     hamiValues(t),
-		"options": {"serviceMonitor": map[string]any{"enabled": true}, "scheduler": map[string]any{"replicas": 1, "admissionWebhook": map[string]any{"enabled": false}},
+		"options": {"serviceMonitor": map[string]any{"enabled": true}, "grafana": map[string]any{"dashboards": map[string]any{"enabled": true}}, "scheduler": map[string]any{"replicas": 1, "admissionWebhook": map[string]any{"enabled": false}},
 			"devicePlugin": map[string]any{"deviceEdits": "nvcdi", "enableMIGMode": true, "nodeConfiguration": map[string]any{"externalConfigName": "my-node-config"}}},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -62,11 +62,13 @@ func (a *Allocator) reclaim(ctx context.Context, e checkpoint.Entry, pod *v1.Pod
 	if e.State == checkpoint.Created {
 		if _, found := a.find(e.GPUUUID, e); found {
 			if err := a.opts.Instances.Destroy(ctx, e.GPUUUID, e.GPUInstanceID); err != nil {
+				metrics.ObserveActions("reclaim_failed", 1)
 				return fmt.Errorf("reclaiming the instance of %s/%s: %w", e.PodNamespace, e.PodName, err)
 			}
 			destroyed = true
 		}
 	} else if err := a.destroyAt(ctx, e); err != nil {
+		metrics.ObserveActions("reclaim_failed", 1)
 		return err
 	}
 	if err := a.opts.Checkpoint.Remove(e.Key); err != nil {

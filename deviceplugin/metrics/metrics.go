@@ -29,7 +29,7 @@ var (
 	}, []string{"reason"})
 	recoveryActions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "dynamig", Subsystem: "device_plugin", Name: "instance_actions_total",
-		Help: "What reconcile and restart recovery did with MIG instances: reclaimed, rolled_back, adopted, unknown, lost, kept.",
+		Help: "What reconcile and restart recovery did with MIG instances: reclaimed, reclaim_failed, rolled_back, adopted, unknown, lost, kept.",
 	}, []string{"action"})
 	instanceDesc = prometheus.NewDesc("dynamig_mig_instance",
 		"A MIG instance as NVML reports it, with the pod it was made for (empty when dynamig did not make it).",

@@ -52,6 +52,7 @@ func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		return fwk.AsStatus(fmt.Errorf("binding pod %s/%s to %s: %w", pod.Namespace, pod.Name, nodeName, err))
 	}
 	observeLatency(bindLatency, start)
+	pl.pending.remove(pod.UID)
 	if v := logger.V(2); v.Enabled() {
 		v.Info("Bound GPU pod", "pod", klog.KObj(pod), "node", nodeName, "devices", describe(r.result))
 	}

@@ -30,6 +30,9 @@ var (
 	capacityDesc = prometheus.NewDesc("dynamig_scheduler_gpu_capacity",
 		"What a GPU offers, by resource: memory_mib, cores_percent, shares, slots",
 		[]string{"node", "device_uuid", "device_index", "mode", "resource"}, nil)
+	pendingDesc = prometheus.NewDesc("dynamig_scheduler_pending_pods",
+		"GPU pods not bound yet, by the outcome of their latest scheduling attempt: the closest any node came",
+		[]string{"reason"}, nil)
 )
 
 // stateCollector reads the plugin that New built last; one per process.
@@ -56,6 +59,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- legacyMigInstanceDesc
 	ch <- allocatedDesc
 	ch <- capacityDesc
+	ch <- pendingDesc
 }
 
 // gpuTally is what is reserved on one GPU.
@@ -70,6 +74,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Unlock()
 	if pl == nil {
 		return
+	}
+	for reason, n := range pl.pending.count(pods) {
+		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n), reason)
 	}
 	nodeList, err := nodes.List(labels.Everything())
 	if err != nil {

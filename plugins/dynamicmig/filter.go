@@ -28,14 +28,14 @@ func (pl *DynamicMIG) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragmen
 func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	req, err := request.Parse(pod, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
 	if err != nil {
-		observeRefusal(reasonInvalidRequest)
+		pl.refuseRequest(pod)
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
 	if req == nil {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	if largest := pl.largestDevice(req.Mode, req.MaxMemoryMiB, nodes); req.MaxMemoryMiB > largest {
-		observeRefusal(reasonInvalidRequest)
+		pl.refuseRequest(pod)
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf(
 			"container %q asks for %s %d (MiB per GPU device); the largest device any node offers has %d MiB",
 			req.MaxMemoryContainer, pl.args.ResourceMemoryName, req.MaxMemoryMiB, largest))
@@ -44,8 +44,14 @@ func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *
 	if err != nil {
 		return nil, fwk.AsStatus(fmt.Errorf("keying the GPU request: %w", err))
 	}
-	state.Write(stateKey, &stateData{req: req, key: string(key), fits: map[string]*nodeFit{}})
+	state.Write(stateKey, &stateData{req: req, key: string(key), fits: map[string]*nodeFit{}, attempt: pl.pending.start(pod)})
 	return nil, nil
+}
+
+// refuseRequest counts a GPU request that PreFilter refuses.
+func (pl *DynamicMIG) refuseRequest(pod *v1.Pod) {
+	observeRefusal(reasonInvalidRequest)
+	pl.pending.start(pod).note(rankInvalidRequest)
 }
 
 // largestDevice is the most memory one device of the mode can have on any node. Most
@@ -80,13 +86,15 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 	}
 	node := nodeInfo.Node()
 	if status := pl.checkHeartbeat(pod, node.Name); status != nil {
+		s.attempt.note(rankHeartbeat)
 		return status
 	}
 	generation := nodeInfo.GetGeneration()
 	cached, hit := pl.fits.get(node.Name, generation, s.key)
 	if !hit {
-		gpus, status := pl.nodeGPUs(nodeInfo)
+		gpus, rank, status := pl.nodeGPUs(nodeInfo)
 		if status != nil {
+			s.attempt.note(rank)
 			return status
 		}
 		cached = cachedFit{generation: generation, request: s.key}
@@ -100,6 +108,7 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 	if refusal := cached.refusal; refusal != nil {
 		klog.FromContext(ctx).V(5).Info("Pod does not fit", "pod", klog.KObj(pod), "node", klog.KObj(node), "reason", refusal.Reason, "detail", refusal.Detail)
 		observeRefusal(string(refusal.Reason))
+		s.attempt.note(allocatorRanks[refusal.Reason])
 		code := fwk.Unschedulable
 		switch refusal.Reason {
 		case placement.ReasonNoGPU, placement.ReasonNotSelected, placement.ReasonNoMIGGPU, placement.ReasonNoProfile:
@@ -108,27 +117,29 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 		return fwk.NewStatus(code, string(refusal.Reason))
 	}
 	s.setFit(node.Name, cached.fit)
+	s.attempt.note(rankFit)
 	return nil
 }
 
-// nodeGPUs is the node's inventory with the occupancy of its pods.
-func (pl *DynamicMIG) nodeGPUs(nodeInfo fwk.NodeInfo) ([]placement.GPU, *fwk.Status) {
+// nodeGPUs is the node's inventory with the occupancy of its pods; when it refuses the node,
+// rank says why.
+func (pl *DynamicMIG) nodeGPUs(nodeInfo fwk.NodeInfo) ([]placement.GPU, int32, *fwk.Status) {
 	node := nodeInfo.Node()
 	inv, ok, err := pl.inventory.get(node)
 	if !ok {
-		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonNoInventory)
+		return nil, rankNoInventory, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonNoInventory)
 	}
 	if err != nil {
-		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s has an unreadable GPU inventory: %v", node.Name, err))
+		return nil, rankUnreadableInventory, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s has an unreadable GPU inventory: %v", node.Name, err))
 	}
 	gpus := placement.GPUsOf(inv)
 	for _, pi := range nodeInfo.GetPods() {
 		if err := pl.addOccupancy(gpus, pi.GetPod()); err != nil {
 			// An unreadable reservation could hide an occupied placement: place nothing here.
-			return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s: pod %s/%s: %v", node.Name, pi.GetPod().Namespace, pi.GetPod().Name, err))
+			return nil, rankUnreadableReservation, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s: pod %s/%s: %v", node.Name, pi.GetPod().Namespace, pi.GetPod().Name, err))
 		}
 	}
-	return gpus, nil
+	return gpus, rankNone, nil
 }
 
 // addOccupancy adds a pod's reservations: from its annotations once bound, else from what

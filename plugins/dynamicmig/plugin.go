@@ -64,6 +64,8 @@ type DynamicMIG struct {
 	fits *fitCache
 	// reservations holds what Reserve chose for pods not yet bound with it.
 	reservations *reservationCache
+	// pending holds the latest scheduling attempt of the GPU pods not bound yet.
+	pending *pendingPods
 	// heartbeatWaiters are pods refused because a node's device plugin heartbeat expired;
 	// they are activated when a heartbeat is renewed.
 	heartbeatWaiters sync.Map // types.UID → *v1.Pod
@@ -103,6 +105,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 		fits:         newFitCache(),
 		leaseTimes:   newLeaseTimes(),
 		reservations: newReservationCache(),
+		pending:      newPendingPods(),
 	}
 	// The heartbeat Leases: only the system namespace's Leases are watched, the node leases
 	// of kube-node-lease change every 10 s on every node and are none of our business.
@@ -114,17 +117,18 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 	}
 	factory := h.SharedInformerFactory()
 	collector.setSource(pl, factory.Core().V1().Nodes().Lister(), factory.Core().V1().Pods().Lister())
-	// Drop in-flight reservations of deleted pods. Bound pods' entries are dropped when a
-	// NodeInfo shows the pod with its annotation (addOccupancy): dropping them on the
-	// informer's update could race the scheduler cache, which may still hold the assumed pod.
+	// Drop in-flight reservations and scheduling attempts of deleted pods. Bound pods'
+	// reservations are dropped when a NodeInfo shows the pod with its annotation
+	// (addOccupancy): dropping them on the informer's update could race the scheduler cache,
+	// which may still hold the assumed pod.
 	if _, err := h.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
 			if p, ok := obj.(*v1.Pod); ok {
 				pl.reservations.remove(p.UID)
-			} else if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				if p, ok := tomb.Obj.(*v1.Pod); ok {
-					pl.reservations.remove(p.UID)
-				}
+				pl.pending.remove(p.UID)
 			}
 		},
 	}); err != nil {

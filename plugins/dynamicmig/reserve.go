@@ -28,6 +28,7 @@ func (pl *DynamicMIG) Reserve(ctx context.Context, state fwk.CycleState, pod *v1
 		return fwk.AsStatus(errNoFit(nodeName))
 	}
 	pl.reservations.add(pod.UID, nodeName, f.result)
+	s.attempt.reserved.Store(true)
 	if v := klog.FromContext(ctx).V(4); v.Enabled() {
 		v.Info("Reserved GPU devices", "pod", klog.KObj(pod), "node", nodeName, "devices", describe(f.result))
 	}
@@ -35,7 +36,10 @@ func (pl *DynamicMIG) Reserve(ctx context.Context, state fwk.CycleState, pod *v1
 }
 
 // Unreserve forgets the pod's reservation; it is idempotent.
-func (pl *DynamicMIG) Unreserve(ctx context.Context, _ fwk.CycleState, pod *v1.Pod, nodeName string) {
+func (pl *DynamicMIG) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) {
 	pl.reservations.remove(pod.UID)
+	if s, err := readState(state); err == nil {
+		s.attempt.reserved.Store(false)
+	}
 	klog.FromContext(ctx).V(4).Info("Unreserved GPU devices", "pod", klog.KObj(pod), "node", nodeName)
 }

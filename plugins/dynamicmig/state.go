@@ -15,6 +15,8 @@ type stateData struct {
 	req *request.Request
 	// key identifies the request's shape for the fit cache.
 	key string
+	// attempt collects the nodes' outcomes for the pending-pods gauge.
+	attempt *attempt
 
 	mu   sync.Mutex
 	fits map[string]*nodeFit
@@ -33,7 +35,7 @@ type nodeFit struct {
 func (s *stateData) Clone() fwk.StateData {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := &stateData{req: s.req, key: s.key, fits: make(map[string]*nodeFit, len(s.fits))}
+	c := &stateData{req: s.req, key: s.key, attempt: s.attempt, fits: make(map[string]*nodeFit, len(s.fits))}
 	for k, v := range s.fits {
 		c.fits[k] = v
 	}
