@@ -45,7 +45,7 @@ func (c *inventoryCache) get(node *v1.Node) (gpus []api.GPU, ok bool, err error)
 	gpus, err = api.DecodeInventory(raw)
 	c.nodes[node.Name] = decodedInventory{raw: raw, gpus: gpus, err: err}
 	for i := range gpus {
-		m := largestDevice(&gpus[i])
+		m := gpus[i].LargestDeviceMiB()
 		c.largest[gpus[i].Mode] = max(c.largest[gpus[i].Mode], m)
 		c.largest[""] = max(c.largest[""], m)
 	}
@@ -57,18 +57,6 @@ func (c *inventoryCache) largestSeen(mode string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.largest[mode]
-}
-
-// largestDevice is the most memory one device of the GPU can have.
-func largestDevice(g *api.GPU) int {
-	if g.Mode != api.ModeMIG {
-		return g.Devmem
-	}
-	largest := 0
-	for _, p := range g.MigProfiles {
-		largest = max(largest, p.MemoryMB)
-	}
-	return largest
 }
 
 // reservationCache holds the reservations Reserve made for pods whose Binding (and so

@@ -34,11 +34,9 @@ func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *
 	if req == nil {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
-	if largest := pl.largestDevice(req.Mode, req.MaxMemoryMiB, nodes); req.MaxMemoryMiB > largest {
+	if err := req.CheckLargest(pl.largestDevice(req.Mode, req.MaxMemoryMiB, nodes), pl.args.ResourceMemoryName); err != nil {
 		pl.refuseRequest(pod)
-		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf(
-			"container %q asks for %s %d (MiB per GPU device); the largest device any node offers has %d MiB",
-			req.MaxMemoryContainer, pl.args.ResourceMemoryName, req.MaxMemoryMiB, largest))
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
 	key, err := json.Marshal(req.Request)
 	if err != nil {
@@ -68,7 +66,7 @@ func (pl *DynamicMIG) largestDevice(mode string, need int, nodes []fwk.NodeInfo)
 		}
 		for i := range gpus {
 			if mode == "" || gpus[i].Mode == mode {
-				largest = max(largest, largestDevice(&gpus[i]))
+				largest = max(largest, gpus[i].LargestDeviceMiB())
 			}
 		}
 	}
@@ -173,7 +171,7 @@ func (pl *DynamicMIG) checkHeartbeat(pod *v1.Pod, node string) *fwk.Status {
 
 // Reasons beyond the allocator's.
 const (
-	reasonNoInventory    = "node publishes no GPU inventory (no dynamig-device-plugin)"
-	reasonHeartbeat      = "node's dynamig-device-plugin heartbeat expired"
+	reasonNoInventory    = string(placement.ReasonNoInventory)
+	reasonHeartbeat      = string(placement.ReasonHeartbeat)
 	reasonInvalidRequest = "invalid GPU request"
 )
