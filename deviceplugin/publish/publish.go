@@ -33,17 +33,21 @@ const (
 	DefaultHeartbeatDuration = 40 * time.Second
 )
 
-// Publisher writes the inventory annotation, only when it changed.
+// Publisher writes the inventory annotation when the Node's differs from it.
 type Publisher struct {
 	Client   kubernetes.Interface
 	NodeName string
 	NVML     nvml.Interface
 	Config   *config.DeviceConfig
-	// last is the annotation value last seen on the Node.
+	// last is the value this publisher last wrote or found, to tell a content change from
+	// someone else's edit in the log.
 	last string
 }
 
-// Publish discovers the GPUs and patches the Node if its inventory differs. It returns the
+// Publish discovers the GPUs and patches the Node if its inventory annotation differs. It
+// compares with the Node as it is now, not with its own last write, so a value someone else
+// wrote (an operator, HAMi's device plugin, which writes the same key) or removed is
+// restored: a read each time, a write only when the value differs. It returns the
 // inventory and whether it wrote.
 func (p *Publisher) Publish(ctx context.Context) (*inventory.Result, bool, error) {
 	res, err := inventory.Discover(ctx, p.NVML, p.Config, p.NodeName)
@@ -54,22 +58,26 @@ func (p *Publisher) Publish(ctx context.Context) (*inventory.Result, bool, error
 	if err != nil {
 		return nil, false, err
 	}
-	if p.last == "" {
-		node, err := p.Client.CoreV1().Nodes().Get(ctx, p.NodeName, metav1.GetOptions{})
-		if err != nil {
-			return nil, false, fmt.Errorf("reading node %s: %w", p.NodeName, err)
-		}
-		p.last = node.Annotations[api.NodeInventoryAnnotation]
+	node, err := p.Client.CoreV1().Nodes().Get(ctx, p.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return nil, false, fmt.Errorf("reading node %s: %w", p.NodeName, err)
 	}
-	if raw == p.last {
+	current, found := node.Annotations[api.NodeInventoryAnnotation]
+	if current == raw {
+		p.last = raw
 		return res, false, nil
+	}
+	logger := klog.FromContext(ctx)
+	if p.last != "" && current != p.last {
+		logger.Info("The Node's GPU inventory annotation was changed or removed by someone else; restoring it", "node", klog.KObj(node),
+			"annotation", api.NodeInventoryAnnotation, "found", found)
 	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.NodeInventoryAnnotation: raw}}})
 	if _, err := p.Client.CoreV1().Nodes().Patch(ctx, p.NodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return nil, false, fmt.Errorf("publishing the inventory on node %s: %w", p.NodeName, err)
 	}
 	p.last = raw
-	klog.FromContext(ctx).Info("Published the GPU inventory", "node", p.NodeName, "gpus", len(res.GPUs))
+	logger.Info("Published the GPU inventory", "node", klog.KObj(node), "gpus", len(res.GPUs))
 	return res, true, nil
 }
 

@@ -61,3 +61,58 @@ func TestHeartbeat(t *testing.T) {
 		t.Errorf("lease not renewed: %+v", second.Spec)
 	}
 }
+
+// TestPublishRepairsTheNodesInventory: the Node's annotation is compared with what the
+// plugin would write, not with its own last write, so a value someone else wrote (an
+// operator, HAMi's device plugin, which writes the same key) or removed is restored on the
+// next publish; an equal one is not written again.
+func TestPublishRepairsTheNodesInventory(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// other is what someone else does to the Node's annotations between two publishes.
+		other     func(annotations map[string]string)
+		wantWrite bool
+	}{
+		{"untouched", func(map[string]string) {}, false},
+		{"another key changed", func(a map[string]string) { a["example.com/team"] = "ml" }, false},
+		{"rewritten by someone else", func(a map[string]string) { a[api.NodeInventoryAnnotation] = `[{"id":"GPU-other","count":10}]` }, true},
+		{"removed", func(a map[string]string) { delete(a, api.NodeInventoryAnnotation) }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}})
+			s, _ := sim.New(sim.Options{Seed: "n"}, sim.GPUSpec{Model: "A100-40GB"})
+			s.Init()
+			p := &Publisher{Client: client, NodeName: "n", NVML: s, Config: config.DefaultDeviceConfig()}
+			if _, wrote, err := p.Publish(ctx); err != nil || !wrote {
+				t.Fatalf("first publish: %v %v", wrote, err)
+			}
+			node, _ := client.CoreV1().Nodes().Get(ctx, "n", metav1.GetOptions{})
+			want := node.Annotations[api.NodeInventoryAnnotation]
+			tc.other(node.Annotations)
+			if _, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			client.ClearActions()
+			if _, wrote, err := p.Publish(ctx); err != nil || wrote != tc.wantWrite {
+				t.Fatalf("publish after the Node was edited: wrote %v, want %v (%v)", wrote, tc.wantWrite, err)
+			}
+			patches := 0
+			for _, a := range client.Actions() {
+				if a.GetVerb() == "patch" {
+					patches++
+				}
+			}
+			if want := map[bool]int{true: 1, false: 0}[tc.wantWrite]; patches != want {
+				t.Errorf("%d patches, want %d", patches, want)
+			}
+			node, _ = client.CoreV1().Nodes().Get(ctx, "n", metav1.GetOptions{})
+			if got := node.Annotations[api.NodeInventoryAnnotation]; got != want {
+				t.Errorf("the Node's inventory is %q, want %q", got, want)
+			}
+			if _, wrote, err := p.Publish(ctx); err != nil || wrote {
+				t.Errorf("a repaired inventory must not be written again: %v %v", wrote, err)
+			}
+		})
+	}
+}
