@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -395,6 +396,10 @@ func (w *world) checkKubectlDynamig(recs map[string][]api.MigReservation) {
 	}
 	if !strings.Contains(pods, "realised") {
 		w.t.Errorf("kubectl dynamig pods -A:\n%s", pods)
+	}
+	// Both sandbox nodes have an A100-40GB: models says so.
+	if models := run("models"); !regexp.MustCompile(`(?m)^A100-40GB +NVIDIA A100-SXM4-40GB +2 on 2 nodes `).MatchString(models) {
+		w.t.Errorf("kubectl dynamig models does not count the cluster's two A100-40GB:\n%s", models)
 	}
 	// A 3g.20gb MIG pod cannot fit beside the three 2g.10gb: explain says so per node.
 	big := pod("too-big", api.ModeMIG, 1, 19000)

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
@@ -214,5 +215,98 @@ func TestColourKeepsColumns(t *testing.T) {
 	o.streams.Out = &bytes.Buffer{}
 	if o.colour() {
 		t.Error("a buffer is not a terminal")
+	}
+}
+
+// simulatePods is a pods file as a user writes it: MIG pods of several sizes, a hami-core
+// pod, a Job of two, one that no node can hold and a CPU pod.
+const simulatePods = `apiVersion: v1
+kind: Pod
+metadata: {name: small}
+spec:
+  containers:
+  - {name: c, image: x, resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 4000}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: medium, annotations: {nvidia.com/vgpu-mode: mig}}
+spec:
+  containers:
+  - {name: c, image: x, resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 19000}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: shared, annotations: {nvidia.com/vgpu-mode: hami-core}}
+spec:
+  containers:
+  - {name: c, image: x, resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 8000, nvidia.com/gpucores: 30}}}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: train}
+spec:
+  parallelism: 2
+  template:
+    metadata: {annotations: {nvidia.com/vgpu-mode: mig}}
+    spec:
+      restartPolicy: Never
+      containers:
+      - {name: c, image: x, resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 39000}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: whole-h100, annotations: {nvidia.com/vgpu-mode: mig}}
+spec:
+  containers:
+  - {name: c, image: x, resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 80000}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: cpu}
+spec:
+  containers:
+  - {name: c, image: x}
+`
+
+// TestSimulateOutput: simulate on described nodes, run as a user runs it: the table (golden)
+// and the JSON and YAML, decoded strictly into the documented types.
+func TestSimulateOutput(t *testing.T) {
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none"))
+	file := filepath.Join(t.TempDir(), "pods.yaml")
+	if err := os.WriteFile(file, []byte(simulatePods), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"simulate", "-f", file, "--nodes", "a100=2xA100-40GB,h100=H100-80GB,core=A100-40GB:hami-core"}
+	var out, errOut bytes.Buffer
+	if code := Main(t.Context(), args, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	golden(t, "simulate.golden", out.Bytes())
+	type result struct {
+		Cluster string            `json:"cluster"`
+		Policy  string            `json:"policy"`
+		Pods    []inspect.Landing `json:"pods"`
+	}
+	for _, format := range []string{"json", "yaml"} {
+		out.Reset()
+		if code := Main(t.Context(), append(args, "-o", format), &out, &errOut); code != 0 {
+			t.Fatalf("-o %s: exit %d: %s", format, code, errOut.String())
+		}
+		raw := out.Bytes()
+		if format == "yaml" {
+			var err error
+			if raw, err = yaml.YAMLToJSON(raw); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got result
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&got); err != nil {
+			t.Fatalf("-o %s: %v", format, err)
+		}
+		if len(got.Pods) != 7 || got.Pods[4].Node != "a100" || len(got.Pods[5].Refusals) != 3 || got.Pods[6].Skipped == "" {
+			t.Errorf("-o %s: %+v", format, got.Pods)
+		}
 	}
 }

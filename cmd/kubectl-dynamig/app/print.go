@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"slices"
@@ -378,19 +379,19 @@ func formatCounts(counts map[string]int) string {
 func writeLandings(w io.Writer, landings []inspect.Landing, where, source string, wide bool, pal palette) error {
 	fmt.Fprintf(w, "Placing %d pod(s) on %s, with %s.\n%s\n", len(landings), where, source, notEvaluated)
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
-	fmt.Fprintf(tw, "POD\t%s\tDEVICES\tCLOSE\n", pal.paint("NODE", ""))
+	fmt.Fprintf(tw, "POD\t%s\tCLOSE\tDEVICES\n", pal.paint("NODE", ""))
 	for _, l := range landings {
 		switch {
 		case l.Refusal != "":
-			fmt.Fprintf(tw, "%s\t%s\trefused before any node: %s\t\n", l.Pod, pal.paint("<none>", red), l.Refusal)
+			fmt.Fprintf(tw, "%s\t%s\t-\trefused before any node: %s\n", l.Pod, pal.paint("<none>", red), l.Refusal)
 		case l.Skipped != "":
-			fmt.Fprintf(tw, "%s\t%s\tskipped: %s\t\n", l.Pod, pal.paint("-", yellow), l.Skipped)
+			fmt.Fprintf(tw, "%s\t%s\t-\tskipped: %s\n", l.Pod, pal.paint("-", yellow), l.Skipped)
 		case l.Node == "":
 			total := 0
 			for _, n := range l.Refusals {
 				total += n
 			}
-			fmt.Fprintf(tw, "%s\t%s\t0/%d nodes are available: %s\t\n", l.Pod, pal.paint("<none>", red), total, formatCounts(l.Refusals))
+			fmt.Fprintf(tw, "%s\t%s\t-\t0/%d nodes are available: %s\n", l.Pod, pal.paint("<none>", red), total, formatCounts(l.Refusals))
 		default:
 			devs := l.Devices
 			if !wide {
@@ -399,7 +400,7 @@ func writeLandings(w io.Writer, landings []inspect.Landing, where, source string
 					devs[i] = shortUUIDs(d)
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", l.Pod, pal.paint(l.Node, green), strings.Join(devs, "; "), strings.Join(l.Close, ","))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", l.Pod, pal.paint(l.Node, green), cmp.Or(strings.Join(l.Close, ","), "-"), strings.Join(devs, "; "))
 		}
 	}
 	return tw.Flush()
