@@ -2,6 +2,7 @@ package allocate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	v1 "k8s.io/api/core/v1"
@@ -28,31 +29,36 @@ func (a *Allocator) Reclaim(ctx context.Context) error {
 		unlock()
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("reclaim: %v", errs)
+		return fmt.Errorf("reclaim: %w", errors.Join(errs...))
 	}
 	return nil
 }
 
 // reclaimLocked destroys the GPU's checkpointed instances whose owner is known, from a
 // direct read of the API, to be deleted, Succeeded or Failed. Any read that fails stops it:
-// an unreadable API never destroys anything. The GPU lock is held.
+// an unreadable API never destroys anything. An instance that cannot be destroyed (a
+// process still runs on it) is logged and left for the next pass; the others still go. The
+// GPU lock is held.
 func (a *Allocator) reclaimLocked(ctx context.Context, gpu string) error {
+	var errs []error
 	for _, e := range a.opts.Checkpoint.Entries() {
 		if e.GPUUUID != gpu {
 			continue
 		}
 		p, err := a.ownerPod(ctx, e)
 		if err != nil {
-			return fmt.Errorf("not reclaiming on %s: %w", gpu, err)
+			return errors.Join(append(errs, fmt.Errorf("not reclaiming on %s: %w", gpu, err))...)
 		}
 		if p != nil && !ended(p) {
 			continue
 		}
 		if err := a.reclaim(ctx, e, p); err != nil {
-			return err
+			klog.FromContext(ctx).Error(err, "Reclaim failed; the next pass retries", "pod", klog.KRef(e.PodNamespace, e.PodName),
+				"gpu", gpu, "placement", e.Placement.String(), "migUUID", e.MigUUID)
+			errs = append(errs, err)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // reclaim destroys the instance of an ended pod's checkpoint entry and forgets the entry;

@@ -1,11 +1,14 @@
 package allocate
 
 import (
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
+	"github.com/dynamig/dynamig/nvml"
+	"github.com/dynamig/dynamig/nvml/sim"
 )
 
 // instanceActions is dynamig_device_plugin_instance_actions_total{action} now.
@@ -58,5 +61,52 @@ func TestReclaimFailureCounted(t *testing.T) {
 	}
 	if got := instanceActions(t, "reclaimed"); got != reclaimed+1 {
 		t.Errorf("reclaimed %v, want %v", got, reclaimed+1)
+	}
+}
+
+// TestReclaimContinuesPastAFailedDestroy: two ended pods' instances on one GPU, the first
+// cannot be destroyed (NVML IN_USE); the pass goes on and destroys the second, reports the
+// first, and keeps its checkpoint entry for the next pass.
+func TestReclaimContinuesPastAFailedDestroy(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// busy makes the destroy of a's instance fail with IN_USE.
+		busy func(e *env, migA string) error
+		pass func(e *env) error
+	}{
+		{"reclaim loop, a process runs",
+			func(e *env, migA string) error { return e.sim.AddProcess(migA, 4242) },
+			func(e *env) error { return e.a.Reclaim(e.ctx) }},
+		{"restart recovery, a process starts during the pass",
+			func(e *env, _ string) error {
+				e.sim.FailNext(0, sim.OpDestroyComputeInstance, nvml.ErrorInUse)
+				return nil
+			},
+			func(e *env) error { _, err := e.a.Recover(e.ctx, false); return err }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.realise("a", at(0, 2))
+			e.realise("b", at(2, 2))
+			migA := e.gis()[0].ComputeInstances[0].MigUUID
+			for _, name := range []string{"a", "b"} {
+				if err := e.client.CoreV1().Pods("default").Delete(e.ctx, name, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := tc.busy(e, migA); err != nil {
+				t.Fatal(err)
+			}
+			err := tc.pass(e)
+			if err == nil || !strings.Contains(err.Error(), "ERROR_IN_USE") {
+				t.Errorf("the pass must report a's failed destroy: %v", err)
+			}
+			if gis := e.gis(); len(gis) != 1 || gis[0].Placement != at(0, 2) {
+				t.Errorf("b's instance must be destroyed in the same pass, a's kept: %+v", gis)
+			}
+			if cp := e.cp.Entries(); len(cp) != 1 || cp[0].PodName != "a" {
+				t.Errorf("a's entry must stay for the next pass, b's go: %+v", cp)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package allocate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -85,16 +86,15 @@ func (a *Allocator) Recover(ctx context.Context, reclaimUnknown bool) (Report, e
 		}
 	}
 
+	errs := []error{listErr}
 	for _, gpu := range a.opts.Instances.GPUs() {
 		unlock, err := a.opts.Instances.Lock(gpu)
 		if err != nil {
 			return rep, err
 		}
-		err = a.recoverGPU(ctx, gpu, &rep, named, pods, destructive, reclaimUnknown && !legacyGPUs[gpu])
+		// A GPU whose recovery failed does not keep the other GPUs from theirs.
+		errs = append(errs, a.recoverGPU(ctx, gpu, &rep, named, pods, destructive, reclaimUnknown && !legacyGPUs[gpu]))
 		unlock()
-		if err != nil {
-			return rep, err
-		}
 	}
 	for action, n := range map[string]int{"adopted": len(rep.Adopted), "reclaimed": len(rep.Reclaimed), "rolled_back": len(rep.RolledBack),
 		"unknown": len(rep.Unknown), "lost": len(rep.Lost), "kept": len(rep.Kept)} {
@@ -108,7 +108,7 @@ func (a *Allocator) Recover(ctx context.Context, reclaimUnknown bool) (Report, e
 	for _, l := range rep.Legacy {
 		logger.Info("HAMi template/slot identity: reported, not adopted, not destroyed", "identity", l)
 	}
-	return rep, listErr
+	return rep, errors.Join(errs...)
 }
 
 func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, named map[string]api.MigReservation, pods map[string]*v1.Pod, destructive, reclaimUnknown bool) error {
@@ -117,23 +117,30 @@ func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, nam
 		return err
 	}
 	claimed := map[int]bool{} // GI ids accounted for
-	destroy := func(in instances.Instance, into *[]instances.Instance, why string) error {
+	// A destroy that fails (a process started since the listing: NVML IN_USE) keeps that
+	// instance and its entry, and recovery goes on with the others; destroy says false then.
+	var failed []error
+	destroy := func(in instances.Instance, into *[]instances.Instance, why string) bool {
 		switch {
 		case len(in.Processes) > 0:
 			rep.Kept = append(rep.Kept, fmt.Sprintf("GPU instance %d on %s (%s) carries processes %v: kept", in.GPUInstanceID, gpu, why, in.Processes))
-			return nil
+			return true
 		case in.MigUUID != "" && named[in.MigUUID].MigUUID != "":
 			rep.Kept = append(rep.Kept, fmt.Sprintf("GPU instance %d on %s (%s) is named by a reservation: kept", in.GPUInstanceID, gpu, why))
-			return nil
+			return true
 		case !destructive:
 			rep.Kept = append(rep.Kept, fmt.Sprintf("GPU instance %d on %s (%s): the API could not be read completely, kept", in.GPUInstanceID, gpu, why))
-			return nil
+			return true
 		}
 		if err := a.opts.Instances.Destroy(ctx, gpu, in.GPUInstanceID); err != nil {
-			return err
+			err = fmt.Errorf("GPU instance %d on %s (%s): %w", in.GPUInstanceID, gpu, why, err)
+			klog.FromContext(ctx).Error(err, "Recovery could not destroy a MIG instance; kept")
+			rep.Kept = append(rep.Kept, fmt.Sprintf("%v: kept", err))
+			failed = append(failed, err)
+			return false
 		}
 		*into = append(*into, in)
-		return nil
+		return true
 	}
 	for _, e := range a.opts.Checkpoint.Entries() {
 		if e.GPUUUID != gpu {
@@ -159,8 +166,8 @@ func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, nam
 		case !alive:
 			claimed[match.GPUInstanceID] = true
 			reclaimed := len(rep.Reclaimed)
-			if err := destroy(*match, &rep.Reclaimed, "its pod ended"); err != nil {
-				return err
+			if !destroy(*match, &rep.Reclaimed, "its pod ended") {
+				continue
 			}
 			if len(rep.Reclaimed) > reclaimed && e.State == checkpoint.Created {
 				a.reclaimed(e, pod)
@@ -182,8 +189,8 @@ func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, nam
 			// Half done and not handed to the pod: roll back; kubelet's Allocate retry or the
 			// next admission re-creates it.
 			claimed[match.GPUInstanceID] = true
-			if err := destroy(*match, &rep.RolledBack, "an interrupted create"); err != nil {
-				return err
+			if !destroy(*match, &rep.RolledBack, "an interrupted create") {
+				continue
 			}
 			if len(match.Processes) == 0 && destructive {
 				if err := a.opts.Checkpoint.Remove(e.Key); err != nil {
@@ -219,12 +226,10 @@ func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, nam
 		rep.Unknown = append(rep.Unknown, in)
 		if reclaimUnknown && len(in.Processes) == 0 {
 			var gone []instances.Instance
-			if err := destroy(in, &gone, "not created by dynamig; --reclaim-unknown-instances"); err != nil {
-				return err
-			}
+			destroy(in, &gone, "not created by dynamig; --reclaim-unknown-instances")
 		}
 	}
-	return nil
+	return errors.Join(failed...)
 }
 
 // podOf finds the pod, not ended, whose reservation r is.

@@ -271,7 +271,7 @@ func reclaimLoop(ctx context.Context, opts Options, alloc *allocate.Allocator, f
 		case <-kick:
 		}
 		if err := alloc.Reclaim(ctx); err != nil {
-			logger.Info("Reclaim skipped", "err", err)
+			logger.Info("Reclaim incomplete; the next pass retries", "err", err)
 		}
 	}
 }
