@@ -131,13 +131,37 @@ func (pl *DynamicMIG) nodeGPUs(nodeInfo fwk.NodeInfo) ([]placement.GPU, int32, *
 		return nil, rankUnreadableInventory, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s has an unreadable GPU inventory: %v", node.Name, err))
 	}
 	gpus := placement.GPUsOf(inv)
+	var nominated []*v1.Pod
 	for _, pi := range nodeInfo.GetPods() {
-		if err := pl.addOccupancy(gpus, pi.GetPod()); err != nil {
+		p := pi.GetPod()
+		if p.Spec.NodeName == "" {
+			// Only a pod kube-scheduler nominated here is in a NodeInfo unbound (its
+			// addGENominatedPods): it has no reservation yet, but the room its preemption
+			// freed is its own. It is placed after every reservation.
+			nominated = append(nominated, p)
+			continue
+		}
+		if err := pl.addOccupancy(gpus, p); err != nil {
 			// An unreadable reservation could hide an occupied placement: place nothing here.
-			return nil, rankUnreadableReservation, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s: pod %s/%s: %v", node.Name, pi.GetPod().Namespace, pi.GetPod().Name, err))
+			return nil, rankUnreadableReservation, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s: pod %s/%s: %v", node.Name, p.Namespace, p.Name, err))
 		}
 	}
+	for _, p := range nominated {
+		pl.addNominated(gpus, p)
+	}
 	return gpus, rankNone, nil
+}
+
+// addNominated adds where a nominated pod would be placed now, as its own cycle would place
+// it; a pod that does not fit (any more) holds nothing.
+func (pl *DynamicMIG) addNominated(gpus []placement.GPU, p *v1.Pod) {
+	req, err := request.Parse(p, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
+	if err != nil || req == nil {
+		return
+	}
+	if res, refusal := placement.Fit(gpus, &req.Request, pl.opts); refusal == nil {
+		placement.AddAssignments(gpus, res.Assignments)
+	}
 }
 
 // addOccupancy adds a pod's reservations: from its annotations once bound, else from what

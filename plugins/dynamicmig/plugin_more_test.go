@@ -455,3 +455,36 @@ func scrape(t *testing.T) string {
 	}
 	return b.String()
 }
+
+// TestNominatedPodsTakeRoom: kube-scheduler filters a lower-priority pod on a NodeInfo to
+// which it added the pods nominated there (addGENominatedPods); such a pod holds no
+// reservation yet, but the room its preemption freed is its own. Otherwise the low-priority
+// pod takes it and the preemptor preempts again (issue 14, defect 1).
+func TestNominatedPodsTakeRoom(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
+	preemptor := gpuPod("preemptor", api.ModeMIG, [2]int{1, 40000})
+	priority := int32(1000)
+	preemptor.Spec.Priority = &priority
+	preemptor.Status.NominatedNodeName = "n"
+	sneak := gpuPod("sneak", api.ModeMIG, [2]int{1, 4000})
+	e.snapshot.set(cache.NewSnapshot(nil, e.nodes))
+	state := framework.NewCycleState()
+	if _, st, _ := e.fw.RunPreFilterPlugins(e.ctx, state, sneak); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	ni, _ := e.snapshot.NodeInfos().Get("n")
+	if st := e.fw.RunFilterPlugins(e.ctx, state, sneak, ni); !st.IsSuccess() {
+		t.Fatalf("the empty node must take the pod: %v", st)
+	}
+	// As addGENominatedPods does it.
+	withNominated := ni.Snapshot()
+	pi, err := framework.NewPodInfo(preemptor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withNominated.AddPodInfo(pi)
+	st := e.fw.RunFilterPlugins(e.ctx, state, sneak, withNominated)
+	if st.IsSuccess() || !strings.Contains(st.Message(), string(placement.ReasonPlacementsTaken)) {
+		t.Errorf("with the preemptor nominated for the whole GPU, the pod must not fit: %v", st)
+	}
+}
