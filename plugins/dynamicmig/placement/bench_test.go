@@ -1,7 +1,9 @@
 package placement
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/dynamig/dynamig/api"
@@ -62,6 +64,39 @@ func BenchmarkFitPass1000Nodes(b *testing.B) {
 		}
 		if fits == 0 {
 			b.Fatal("no node fits")
+		}
+	}
+}
+
+// BenchmarkFitNode8GPUsMaxSelectors is BenchmarkFitNode8GPUs with every selector annotation
+// at request.Parse's bounds (64 types, 1024 UUIDs), the node's own GPUs matching last: what
+// one node's Filter costs at worst from the selectors.
+func BenchmarkFitNode8GPUsMaxSelectors(b *testing.B) {
+	gpus := benchNode(b, rand.New(rand.NewPCG(1, 1)))
+	req := migPod(2, 8000)
+	// UUIDs as long as real ones, so that no comparison stops at the length.
+	uuid := func(i int) string { return fmt.Sprintf("GPU-00000000-0000-0000-0000-%012d", i) }
+	for i := range 1024 {
+		req.NoUseUUIDs = append(req.NoUseUUIDs, uuid(i))
+		if i < 1024-len(gpus) {
+			req.UseUUIDs = append(req.UseUUIDs, uuid(i))
+		}
+	}
+	for i := range gpus {
+		req.UseUUIDs = append(req.UseUUIDs, gpus[i].Info.ID)
+	}
+	for i := range 64 {
+		req.NoUseTypes = append(req.NoUseTypes, fmt.Sprintf("h%03d", i))
+		if i < 63 {
+			req.UseTypes = append(req.UseTypes, fmt.Sprintf("b%03d", i))
+		}
+	}
+	req.UseTypes = append(req.UseTypes, "a100")
+	slices.Sort(req.UseUUIDs) // as request.Parse leaves them
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, why := Fit(gpus, req, defaultOpts); why != nil {
+			b.Fatal(why)
 		}
 	}
 }

@@ -16,8 +16,10 @@ type Request struct {
 	Containers []ContainerRequest
 	// Mode is api.ModeMIG, api.ModeHAMiCore or "" (either pool).
 	Mode string
-	// UseTypes/NoUseTypes are case-insensitive substrings of the GPU type;
-	// UseUUIDs/NoUseUUIDs exact GPU UUIDs.
+	// UseTypes/NoUseTypes are substrings of the GPU type, lowercased: they match the
+	// lowercased type. UseUUIDs/NoUseUUIDs are exact GPU UUIDs, sorted and without
+	// duplicates: they are binary-searched. request.Parse normalises and bounds all four
+	// once, so that Filter only compares.
 	UseTypes, NoUseTypes, UseUUIDs, NoUseUUIDs []string
 	// GPUPolicy overrides Options' per-pool GPU policy when set.
 	GPUPolicy string
@@ -143,12 +145,12 @@ func eligible(g *GPU, mode string, req *Request) refusal {
 		return refusal{reason: ReasonNoGPU, detail: fmt.Sprintf("%s is unhealthy", info.ID)}
 	}
 	typ := strings.ToLower(info.Type)
-	matchesType := func(s string) bool { return strings.Contains(typ, strings.ToLower(strings.TrimSpace(s))) }
+	matchesType := func(s string) bool { return strings.Contains(typ, s) }
 	switch {
 	case len(req.UseTypes) > 0 && !slices.ContainsFunc(req.UseTypes, matchesType),
 		slices.ContainsFunc(req.NoUseTypes, matchesType),
-		len(req.UseUUIDs) > 0 && !slices.Contains(req.UseUUIDs, info.ID),
-		slices.Contains(req.NoUseUUIDs, info.ID):
+		len(req.UseUUIDs) > 0 && !sortedContains(req.UseUUIDs, info.ID),
+		sortedContains(req.NoUseUUIDs, info.ID):
 		return refusal{reason: ReasonNotSelected, detail: fmt.Sprintf("%s (%s) is excluded by the pod's GPU type or UUID annotations", info.ID, info.Type)}
 	}
 	if info.Unusable != "" {
@@ -158,6 +160,11 @@ func eligible(g *GPU, mode string, req *Request) refusal {
 		return refusal{reason: ReasonNoMIGGPU, detail: fmt.Sprintf("%s publishes no MIG profile (MIG mode off, or no allowlist entry for %s)", info.ID, info.Type)}
 	}
 	return refusal{}
+}
+
+func sortedContains(sorted []string, s string) bool {
+	_, found := slices.BinarySearch(sorted, s)
+	return found
 }
 
 func policyFor(req *Request, poolDefault string) string {

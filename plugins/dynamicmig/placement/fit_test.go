@@ -244,7 +244,7 @@ func TestRefusalReasons(t *testing.T) {
 		{"every placement of a profile at its count", a100(inst("2g.10gb", 0, 2), inst("2g.10gb", 2, 2), inst("2g.10gb", 4, 2)), migPod(1, 9000), ReasonPlacementsTaken},
 		{"no MIG GPU", inventoryOf(t, api.ModeHAMiCore, "", "A100-40GB"), migPod(1, 4000), ReasonNoMIGGPU},
 		{"no GPU at all", nil, migPod(1, 4000), ReasonNoMIGGPU},
-		{"type not selected", a100(), &Request{Mode: api.ModeMIG, UseTypes: []string{"H100"}, Containers: []ContainerRequest{{Devices: 1, MemoryMiB: 1}}}, ReasonNotSelected},
+		{"type not selected", a100(), &Request{Mode: api.ModeMIG, UseTypes: []string{"h100"}, Containers: []ContainerRequest{{Devices: 1, MemoryMiB: 1}}}, ReasonNotSelected},
 		{"more devices than fit", a100(), migPod(4, 19000), ReasonPlacementsTaken},
 		{"hami-core GPU in MIG mode", unusable(api.ModeHAMiCore, "MIG mode is on"), &Request{Mode: api.ModeHAMiCore, Containers: []ContainerRequest{{Devices: 1, MemoryMiB: 1000}}}, ReasonUnusable},
 		{"MIG GPU with MIG mode off", unusable(api.ModeMIG, "MIG mode is off"), migPod(1, 4000), ReasonUnusable},
@@ -293,8 +293,8 @@ func TestSelectorsAndModes(t *testing.T) {
 	if got := one(&Request{Mode: api.ModeMIG, UseTypes: []string{"h100"}, Containers: []ContainerRequest{base}}); got != gpus[1].Info.ID {
 		t.Errorf("use-gputype h100 chose %s", got)
 	}
-	if got := one(&Request{Mode: api.ModeMIG, NoUseTypes: []string{"A100"}, Containers: []ContainerRequest{base}}); got != gpus[1].Info.ID {
-		t.Errorf("nouse-gputype A100 chose %s", got)
+	if got := one(&Request{Mode: api.ModeMIG, NoUseTypes: []string{"a100"}, Containers: []ContainerRequest{base}}); got != gpus[1].Info.ID {
+		t.Errorf("nouse-gputype a100 chose %s", got)
 	}
 	if got := one(&Request{Mode: api.ModeMIG, UseUUIDs: []string{gpus[1].Info.ID}, Containers: []ContainerRequest{base}}); got != gpus[1].Info.ID {
 		t.Errorf("use-gpuuuid chose %s", got)

@@ -6,6 +6,7 @@ package request
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"gopkg.in/inf.v0"
@@ -28,6 +29,28 @@ type Request struct {
 	MaxMemoryMiB       int
 	MaxMemoryContainer string
 }
+
+// Bounds on a pod's request. Filter compares the request with every GPU of every node in
+// each cycle and PreFilter keys the fit cache by it, so no pod may make either costly; each
+// bound is far above any real request.
+const (
+	// maxDevices bounds the count resource per container and per pod: a pod's devices are on
+	// one node, and a node holds at most 16 GPUs of at most 7 MIG instances each (112).
+	maxDevices = 128
+	// maxMemoryMiB bounds the memory resource per device: 16 TiB, far above any GPU's memory,
+	// keeps arithmetic on it far from overflowing.
+	maxMemoryMiB = 1 << 24
+	// maxTypes bounds each GPU type list: a cluster has few GPU types.
+	maxTypes = 64
+	// maxUUIDs bounds each GPU UUID list: every GPU of 128 eight-GPU nodes.
+	maxUUIDs = 1024
+	// maxEntryBytes bounds one type or UUID: NVML's names and UUIDs fit 96-byte buffers, so a
+	// longer entry could never match.
+	maxEntryBytes = 128
+	// maxListBytes bounds a list annotation before it is split; maxUUIDs UUIDs of 40 bytes
+	// with ", " between them fit.
+	maxListBytes = 64 << 10
+)
 
 // CheckLargest refuses a request whose explicit memory per device is more than the largest
 // device of its mode any node offers (largest MiB), naming the container and memoryResource.
@@ -74,19 +97,33 @@ func Parse(pod *v1.Pod, names config.ResourceNames, defaultNodePolicy string) (*
 			}
 			continue
 		}
+		bad := len(errs)
+		if count > maxDevices {
+			errs = append(errs, fmt.Errorf("container %q: %s is %d; at most %d (a pod's devices are on one node)", c.Name, names.ResourceCountName, count, maxDevices))
+		}
+		if mem > maxMemoryMiB {
+			errs = append(errs, fmt.Errorf("container %q: %s is %d; at most %d (MiB per device, 16 TiB)", c.Name, names.ResourceMemoryName, mem, maxMemoryMiB))
+		}
 		if pct > 100 {
 			errs = append(errs, fmt.Errorf("container %q: %s is %d; it is a percentage of one device, at most 100", c.Name, names.ResourceMemoryPercentageName, pct))
 		}
 		if cores > 100 {
 			errs = append(errs, fmt.Errorf("container %q: %s is %d; it is a percentage of one device, at most 100", c.Name, names.ResourceCoreName, cores))
 		}
+		if len(errs) > bad {
+			continue
+		}
 		req.Containers = append(req.Containers, placement.ContainerRequest{
 			Index: i, Devices: int(count), MemoryMiB: int(mem), MemoryPercent: int(pct), Cores: int(cores),
 		})
+		// count <= maxDevices: the sum cannot wrap.
 		req.Devices += int(count)
 		if int(mem) > req.MaxMemoryMiB {
 			req.MaxMemoryMiB, req.MaxMemoryContainer = int(mem), c.Name
 		}
+	}
+	if req.Devices > maxDevices {
+		errs = append(errs, fmt.Errorf("containers ask for %d %s in all; at most %d per pod (a pod's devices are on one node)", req.Devices, names.ResourceCountName, maxDevices))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -109,10 +146,35 @@ func (req *Request) parseAnnotations(a map[string]string) []error {
 	default:
 		errs = append(errs, fmt.Errorf("annotation %s is %q; want %q, %q or none (either)", api.VGPUModeAnnotation, mode, api.ModeMIG, api.ModeHAMiCore))
 	}
-	req.UseTypes = list(a[api.UseGPUTypeAnnotation])
-	req.NoUseTypes = list(a[api.NoUseGPUTypeAnnotation])
-	req.UseUUIDs = list(a[api.UseGPUUUIDAnnotation])
-	req.NoUseUUIDs = list(a[api.NoUseGPUUUIDAnnotation])
+	// Normalised here once, as placement.Request documents, not on every GPU of every node.
+	for _, sel := range []struct {
+		key        string
+		into       *[]string
+		maxEntries int
+		uuids      bool
+	}{
+		{api.UseGPUTypeAnnotation, &req.UseTypes, maxTypes, false},
+		{api.NoUseGPUTypeAnnotation, &req.NoUseTypes, maxTypes, false},
+		{api.UseGPUUUIDAnnotation, &req.UseUUIDs, maxUUIDs, true},
+		{api.NoUseGPUUUIDAnnotation, &req.NoUseUUIDs, maxUUIDs, true},
+	} {
+		entries, err := list(sel.key, a[sel.key], sel.maxEntries)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if sel.uuids {
+			// Exact, and binary-searched.
+			slices.Sort(entries)
+			entries = slices.Compact(entries)
+		} else {
+			// Case-insensitive substrings of the lowercased type.
+			for i := range entries {
+				entries[i] = strings.ToLower(entries[i])
+			}
+		}
+		*sel.into = entries
+	}
 	policy := func(key string, into *string) {
 		switch v := a[key]; v {
 		case "":
@@ -191,12 +253,24 @@ func askedFor(names config.ResourceNames, count, mem, pct, cores int64) []string
 	return out
 }
 
-func list(s string) []string {
-	var out []string
-	for _, part := range strings.Split(s, ",") {
-		if part = strings.TrimSpace(part); part != "" {
-			out = append(out, part)
-		}
+// list reads the comma-separated annotation key, whose value is s: its trimmed, non-empty
+// entries, at most maxEntries of them and maxEntryBytes each.
+func list(key, s string, maxEntries int) ([]string, error) {
+	if len(s) > maxListBytes {
+		return nil, fmt.Errorf("annotation %s is %d bytes, at most %d", key, len(s), maxListBytes)
 	}
-	return out
+	var out []string
+	for part := range strings.SplitSeq(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		if len(part) > maxEntryBytes {
+			return nil, fmt.Errorf("annotation %s: entry %d (%.16q…) is %d bytes, at most %d", key, len(out)+1, part, len(part), maxEntryBytes)
+		}
+		out = append(out, part)
+	}
+	if len(out) > maxEntries {
+		return nil, fmt.Errorf("annotation %s: %d entries, at most %d", key, len(out), maxEntries)
+	}
+	return out, nil
 }

@@ -1,7 +1,9 @@
 package request
 
 import (
+	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -77,7 +79,7 @@ func TestParsePod(t *testing.T) {
 			api.VGPUModeAnnotation: "mig", api.UseGPUTypeAnnotation: "A100, H100", api.NoUseGPUUUIDAnnotation: "GPU-1",
 			api.NodeSchedulerPolicyAnnotation: "spread", api.GPUSchedulerPolicyAnnotation: "spread",
 		}, v1.ResourceList{api.ResourceCount: q("1")}), check: func(t *testing.T, r *Request) {
-			if r.Mode != "mig" || len(r.UseTypes) != 2 || r.UseTypes[1] != "H100" || r.NoUseUUIDs[0] != "GPU-1" || r.NodePolicy != "spread" || r.GPUPolicy != "spread" {
+			if r.Mode != "mig" || len(r.UseTypes) != 2 || r.UseTypes[1] != "h100" || r.NoUseUUIDs[0] != "GPU-1" || r.NodePolicy != "spread" || r.GPUPolicy != "spread" {
 				t.Errorf("%+v", r)
 			}
 		}},
@@ -103,6 +105,8 @@ func TestParsePod(t *testing.T) {
 		{name: "just beyond int64", pod: podWith(nil, v1.ResourceList{api.ResourceCount: q("1"), api.ResourceMemory: q("9223372036854775808")}), wantErr: "nvidia.com/gpumem is 9223372036854775808"},
 		{name: "percentage over 100", pod: podWith(nil, v1.ResourceList{api.ResourceCount: q("1"), api.ResourceMemoryPercentage: q("150")}), wantErr: "gpumem-percentage is 150"},
 		{name: "cores over 100", pod: podWith(nil, v1.ResourceList{api.ResourceCount: q("1"), api.ResourceCores: q("101")}), wantErr: "gpucores is 101"},
+		{name: "negative count", pod: podWith(nil, v1.ResourceList{api.ResourceCount: q("-1")}), wantErr: `container "c0": nvidia.com/gpu is -1; want a non-negative whole number`},
+		{name: "negative cores", pod: podWith(nil, v1.ResourceList{api.ResourceCount: q("1"), api.ResourceCores: q("-10")}), wantErr: `container "c0": nvidia.com/gpucores is -10`},
 		{name: "bad mode", pod: podWith(map[string]string{api.VGPUModeAnnotation: "mps"}, v1.ResourceList{api.ResourceCount: q("1")}), wantErr: `nvidia.com/vgpu-mode is "mps"`},
 		{name: "bad policy", pod: podWith(map[string]string{api.GPUSchedulerPolicyAnnotation: "pack"}, v1.ResourceList{api.ResourceCount: q("1")}), wantErr: `hami.io/gpu-scheduler-policy is "pack"`},
 	} {
@@ -119,6 +123,103 @@ func TestParsePod(t *testing.T) {
 			}
 			tc.check(t, r)
 		})
+	}
+}
+
+// TestParseBounds checks the caps on counts, memory and the selector annotations at and just
+// over each bound, so that no pod can make Parse, Filter or the fit-cache key costly, or wrap
+// the device count.
+func TestParseBounds(t *testing.T) {
+	names := config.DefaultResourceNames()
+	q := resource.MustParse
+	gpus := func(counts ...string) *v1.Pod {
+		var limits []v1.ResourceList
+		for _, c := range counts {
+			limits = append(limits, v1.ResourceList{api.ResourceCount: q(c)})
+		}
+		return podWith(nil, limits...)
+	}
+	annotated := func(key, value string) *v1.Pod {
+		return podWith(map[string]string{key: value}, v1.ResourceList{api.ResourceCount: q("1")})
+	}
+	// entries is n comma-separated entries, each of the given prefix and its number.
+	entries := func(n int, prefix string) string {
+		parts := make([]string, n)
+		for i := range parts {
+			parts[i] = fmt.Sprintf("%s%d", prefix, i)
+		}
+		return strings.Join(parts, ", ")
+	}
+	const p62 = "4611686018427387904" // 2^62: four of them wrap int64 to 0
+	for _, tc := range []struct {
+		name    string
+		pod     *v1.Pod
+		wantErr string
+	}{
+		{name: "128 devices", pod: gpus("128")},
+		{name: "129 devices", pod: gpus("129"), wantErr: `container "c0": nvidia.com/gpu is 129; at most 128`},
+		{name: "2^62 devices", pod: gpus(p62), wantErr: `container "c0": nvidia.com/gpu is ` + p62 + `; at most 128`},
+		{name: "four containers of 2^62 devices", pod: gpus(p62, p62, p62, p62), wantErr: `container "c3": nvidia.com/gpu is ` + p62},
+		{name: "128 devices in all", pod: gpus("64", "63", "1")},
+		{name: "129 devices in all", pod: gpus("64", "64", "1"), wantErr: `containers ask for 129 nvidia.com/gpu in all; at most 128 per pod`},
+		{name: "memory at the bound", pod: podWith(nil, v1.ResourceList{api.ResourceCount: q("1"), api.ResourceMemory: q("16777216")})},
+		{name: "memory over the bound", pod: podWith(nil, v1.ResourceList{api.ResourceCount: q("1"), api.ResourceMemory: q("16777217")}),
+			wantErr: `container "c0": nvidia.com/gpumem is 16777217; at most 16777216 (MiB per device, 16 TiB)`},
+		{name: "64 types", pod: annotated(api.UseGPUTypeAnnotation, entries(64, "A"))},
+		{name: "65 types", pod: annotated(api.UseGPUTypeAnnotation, entries(65, "A")), wantErr: `annotation nvidia.com/use-gputype: 65 entries, at most 64`},
+		{name: "65 excluded types", pod: annotated(api.NoUseGPUTypeAnnotation, entries(65, "A")), wantErr: `annotation nvidia.com/nouse-gputype: 65 entries, at most 64`},
+		{name: "empty entries do not count", pod: annotated(api.UseGPUTypeAnnotation, strings.Repeat(",", 200)+entries(64, "A"))},
+		{name: "1024 UUIDs", pod: annotated(api.UseGPUUUIDAnnotation, entries(1024, "GPU-"))},
+		{name: "1025 UUIDs", pod: annotated(api.UseGPUUUIDAnnotation, entries(1025, "GPU-")), wantErr: `annotation nvidia.com/use-gpuuuid: 1025 entries, at most 1024`},
+		{name: "1025 excluded UUIDs", pod: annotated(api.NoUseGPUUUIDAnnotation, entries(1025, "GPU-")), wantErr: `annotation nvidia.com/nouse-gpuuuid: 1025 entries, at most 1024`},
+		{name: "85000 UUIDs", pod: annotated(api.NoUseGPUUUIDAnnotation, entries(85000, "G")), wantErr: `annotation nvidia.com/nouse-gpuuuid is `},
+		{name: "entry of 128 bytes", pod: annotated(api.UseGPUTypeAnnotation, "A100,"+strings.Repeat("x", 128))},
+		{name: "entry of 129 bytes", pod: annotated(api.UseGPUTypeAnnotation, "A100, "+strings.Repeat("x", 129)),
+			wantErr: `annotation nvidia.com/use-gputype: entry 2 ("xxxxxxxxxxxxxxxx"…) is 129 bytes, at most 128`},
+		{name: "UUID of 129 bytes", pod: annotated(api.UseGPUUUIDAnnotation, "GPU-"+strings.Repeat("0", 125)),
+			wantErr: `annotation nvidia.com/use-gpuuuid: entry 1 ("GPU-000000000000"…) is 129 bytes, at most 128`},
+		{name: "annotation of 64 KiB", pod: annotated(api.UseGPUTypeAnnotation, "A100"+strings.Repeat(" ", 64<<10-4))},
+		{name: "annotation over 64 KiB", pod: annotated(api.UseGPUTypeAnnotation, "A100"+strings.Repeat(" ", 64<<10-3)),
+			wantErr: `annotation nvidia.com/use-gputype is 65537 bytes, at most 65536`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := Parse(tc.pod, names, api.PolicyBinpack)
+			if tc.wantErr == "" {
+				if err != nil || r == nil {
+					t.Fatalf("got %v, %v; want a request", r, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("request %t, error %v; want %q", r != nil, err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestParseNormalises checks that the selectors reach the allocator trimmed, types lowercased,
+// UUIDs as written but sorted and without duplicates, so that Filter only compares.
+func TestParseNormalises(t *testing.T) {
+	pod := podWith(map[string]string{
+		api.UseGPUTypeAnnotation: " A100 ,,H100-SXM ", api.NoUseGPUTypeAnnotation: "PCIe",
+		api.UseGPUUUIDAnnotation: " GPU-AbC , GPU-1,GPU-AbC", api.NoUseGPUUUIDAnnotation: "GPU-2 ,",
+	}, v1.ResourceList{api.ResourceCount: resource.MustParse("1")})
+	r, err := Parse(pod, config.DefaultResourceNames(), api.PolicyBinpack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		field     string
+		got, want []string
+	}{
+		{"UseTypes", r.UseTypes, []string{"a100", "h100-sxm"}},
+		{"NoUseTypes", r.NoUseTypes, []string{"pcie"}},
+		{"UseUUIDs", r.UseUUIDs, []string{"GPU-1", "GPU-AbC"}},
+		{"NoUseUUIDs", r.NoUseUUIDs, []string{"GPU-2"}},
+	} {
+		if !slices.Equal(c.got, c.want) {
+			t.Errorf("%s = %q, want %q", c.field, c.got, c.want)
+		}
 	}
 }
 
@@ -157,6 +258,14 @@ func FuzzParsePod(f *testing.F) {
 		for _, c := range r.Containers {
 			if c.MemoryMiB < 0 || c.MemoryPercent > 100 || c.Cores > 100 || c.Devices <= 0 {
 				t.Fatalf("accepted a bad container: %+v", c)
+			}
+		}
+		if len(r.UseTypes) > 64 {
+			t.Fatalf("accepted %d types", len(r.UseTypes))
+		}
+		for _, typ := range r.UseTypes {
+			if typ == "" || len(typ) > 128 || typ != strings.ToLower(strings.TrimSpace(typ)) {
+				t.Fatalf("type %q is not normalised", typ)
 			}
 		}
 	})
