@@ -106,6 +106,9 @@ func TestDecodeInventoryErrors(t *testing.T) {
 		{"placement outside slots", `[{"id":"GPU-1","mode":"mig","slots":8,"migProfiles":[{"name":"1g.5gb","memoryMB":1,"core":1,"sliceCount":1,"placements":[{"start":8,"size":1}]}]}]`, []string{"[0].migProfiles[0].placements[0]", "[8,9)", "8 memory slots"}},
 		{"core out of range", `[{"id":"GPU-1","mode":"mig","migProfiles":[{"name":"1g.5gb","memoryMB":1,"core":101,"sliceCount":1,"placements":[{"start":0,"size":1}]}]}]`, []string{"[0].migProfiles[0].core"}},
 		{"negative count", `[{"id":"GPU-1","mode":"mig","count":-1}]`, []string{"[0].count"}},
+		{"unexplained instance on hami-core", `[{"id":"GPU-1","mode":"hami-core","unexplainedInstances":[{"profile":"1g.5gb","placement":{"start":0,"size":1}}]}]`, []string{"[0].unexplainedInstances[0]: Forbidden"}},
+		{"unexplained instance outside slots", `[{"id":"GPU-1","mode":"mig","slots":8,"unexplainedInstances":[{"profile":"1g.5gb","placement":{"start":7,"size":2}}]}]`, []string{"[0].unexplainedInstances[0].placement", "[7,9)"}},
+		{"unexplained instance's profile", `[{"id":"GPU-1","mode":"mig","slots":8,"unexplainedInstances":[{"profile":"most","placement":{"start":0,"size":1}}]}]`, []string{"[0].unexplainedInstances[0].profile", `"most"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := DecodeInventory(tc.raw)

@@ -37,6 +37,16 @@ type GPU struct {
 	// Unusable says why the GPU cannot serve pods in its mode (a hami-core GPU with MIG mode
 	// on, a MIG GPU with MIG mode off); such a GPU offers no devices (count 0).
 	Unusable string `json:"unusable,omitempty"`
+	// Unexplained lists the MIG instances on the GPU that no live reservation explains and
+	// that the device plugin keeps (made by someone else, or still running processes after
+	// their pod ended): the scheduler treats their placements as taken.
+	Unexplained []Instance `json:"unexplainedInstances,omitempty"`
+}
+
+// Instance is a MIG instance by its profile and placement.
+type Instance struct {
+	Profile   string    `json:"profile"`
+	Placement Placement `json:"placement"`
 }
 
 // MigProfile is one GPU-instance profile a MIG GPU offers.
@@ -153,6 +163,18 @@ func ValidateInventory(gpus []GPU) field.ErrorList {
 			errs = append(errs, field.NotSupported(p.Child("mode"), g.Mode, []string{ModeMIG, ModeHAMiCore}))
 		}
 		errs = append(errs, validateProfiles(p.Child("migProfiles"), g.MigProfiles, g.SlotCount())...)
+		for j, in := range g.Unexplained {
+			q := p.Child("unexplainedInstances").Index(j)
+			if g.Mode != ModeMIG {
+				errs = append(errs, field.Forbidden(q, "only GPUs of mode \"mig\" hold MIG instances"))
+			}
+			if _, err := ParseProfileName(in.Profile); err != nil {
+				errs = append(errs, field.Invalid(q.Child("profile"), in.Profile, err.Error()))
+			}
+			if !in.Placement.Within(g.SlotCount()) {
+				errs = append(errs, field.Invalid(q.Child("placement"), in.Placement.String(), fmt.Sprintf("must lie inside the GPU's %d memory slots", g.SlotCount())))
+			}
+		}
 	}
 	return errs
 }

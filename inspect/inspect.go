@@ -51,9 +51,13 @@ type GPU struct {
 	Shares []Share `json:"shares,omitempty"`
 }
 
-// SlotRange is a placement interval and the reservation holding it; Pod is "" for free slots.
+// SlotRange is a placement interval and the reservation holding it; Pod is "" for free slots
+// and for an instance no reservation explains (Unexplained).
 type SlotRange struct {
 	Placement api.Placement `json:"placement"`
+	// Unexplained: a MIG instance the device plugin reports that no live reservation
+	// explains (made by someone else, or still running processes after its pod ended).
+	Unexplained bool `json:"unexplained,omitempty"`
 	// Pod is namespace/name.
 	Pod     string `json:"pod,omitempty"`
 	Profile string `json:"profile,omitempty"`
@@ -239,6 +243,9 @@ func buildGPU(g api.GPU, node string, pods []Pod) GPU {
 	}
 	if g.Mode != api.ModeMIG {
 		return out
+	}
+	for _, in := range g.Unexplained {
+		used = append(used, SlotRange{Placement: in.Placement, Profile: in.Profile, Unexplained: true})
 	}
 	out.Slots = SlotMap(g.SlotCount(), used)
 	instances := make([]placement.Instance, len(used))

@@ -324,10 +324,16 @@ func layouts(c *candidate, gpus []placement.GPU) []string {
 				}
 			}
 		}
+		for _, in := range g.Unexplained {
+			used = append(used, SlotRange{Placement: in.Placement, Profile: in.Profile, Unexplained: true})
+		}
 		cells, legend := SlotCells(SlotMap(g.SlotCount(), used))
 		line := fmt.Sprintf("GPU %d %s |%s|", g.Index, g.ID, strings.Join(cells, " "))
 		for _, l := range legend {
-			if l.Pod != "" {
+			switch {
+			case l.Unexplained:
+				line += fmt.Sprintf(" %s=%s %s %s", l.Mark, unexplainedHolder, l.Profile, l.Placement)
+			case l.Pod != "":
 				line += fmt.Sprintf(" %s=%s %s %s", l.Mark, l.Pod, l.Profile, l.Placement)
 			}
 		}
@@ -357,8 +363,12 @@ type Cell struct {
 	SlotRange
 }
 
+// unexplainedHolder names the holder of an instance no reservation explains.
+const unexplainedHolder = "(no reservation: not dynamig's, or processes still run)"
+
 // SlotCells draws a slot map: one cell per memory slot, a letter per reservation (a, b, …
-// in slot order) and "." for free slots, with the ranges in order and their marks.
+// in slot order), "x" for an instance no reservation explains and "." for free slots, with
+// the ranges in order and their marks.
 func SlotCells(slots []SlotRange) (cells []string, legend []Cell) {
 	n := 0
 	if len(slots) > 0 {
@@ -371,7 +381,10 @@ func SlotCells(slots []SlotRange) (cells []string, legend []Cell) {
 	letter := 0
 	for _, s := range slots {
 		mark := "."
-		if s.Pod != "" {
+		switch {
+		case s.Unexplained:
+			mark = "x"
+		case s.Pod != "":
 			mark = string(rune('a' + letter%26))
 			letter++
 		}

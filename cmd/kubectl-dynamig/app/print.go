@@ -83,6 +83,10 @@ func writeGPU(w io.Writer, g *inspect.GPU, wide bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	var legend []string
 	for _, s := range marks {
+		if s.Unexplained {
+			legend = append(legend, fmt.Sprintf("%s\t%s\t%s\tno reservation (not dynamig's, or processes still run)", s.Mark, s.Placement, s.Profile))
+			continue
+		}
 		if s.Pod == "" {
 			legend = append(legend, fmt.Sprintf("%s\t%s\tfree", s.Mark, s.Placement))
 			continue

@@ -2,11 +2,16 @@ package placement
 
 import "github.com/dynamig/dynamig/api"
 
-// GPUsOf is a node's inventory as GPUs with nothing reserved on them yet.
+// GPUsOf is a node's inventory as GPUs with nothing reserved on them yet, save the
+// instances the device plugin reports that no reservation explains, which hold their
+// placements all the same.
 func GPUsOf(inv []api.GPU) []GPU {
 	gpus := make([]GPU, len(inv))
 	for i := range inv {
 		gpus[i].Info = inv[i]
+		for _, in := range inv[i].Unexplained {
+			gpus[i].MIG = append(gpus[i].MIG, Instance{Profile: in.Profile, Placement: in.Placement})
+		}
 	}
 	return gpus
 }

@@ -35,3 +35,22 @@ func TestOccupancyFromRecords(t *testing.T) {
 		t.Errorf("assignment not added: %+v", gpus[1].MIG)
 	}
 }
+
+// TestUnexplainedInstancesHoldPlacements: an instance the device plugin reports without a
+// reservation holds its placement and counts towards the GPU's instance limits (issue 14,
+// defect 2).
+func TestUnexplainedInstancesHoldPlacements(t *testing.T) {
+	inv := inventoryOf(t, "", "", "A100-40GB")[0].Info
+	// Someone made a 3g.20gb at [0,4) and a 1g.5gb at [4,5) (not allowlisted shapes count too).
+	inv.Unexplained = []api.Instance{{Profile: "3g.20gb", Placement: api.Placement{Start: 0, Size: 4}}, {Profile: "1g.5gb", Placement: api.Placement{Start: 4, Size: 1}}}
+	gpus := GPUsOf([]api.GPU{inv})
+	half := &Request{Mode: api.ModeMIG, Containers: []ContainerRequest{{Devices: 1, MemoryMiB: 15000}}}
+	if _, why := Fit(gpus, half, defaultOpts); why == nil || why.Reason != ReasonPlacementsTaken {
+		t.Errorf("3g.20gb beside the unexplained instances: %v, want all placements taken ([0,4) held, [4,8) broken by [4,5))", why)
+	}
+	small := &Request{Mode: api.ModeMIG, Containers: []ContainerRequest{{Devices: 1, MemoryMiB: 4000}}}
+	res := mustFit(t, gpus, small, defaultOpts)
+	if p := res.Assignments[0].Placement; p.Overlaps(api.Placement{Start: 0, Size: 5}) {
+		t.Errorf("1g.5gb at %s overlaps an unexplained instance", p)
+	}
+}
