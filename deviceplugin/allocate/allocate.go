@@ -333,8 +333,11 @@ func (a *Allocator) realise(ctx context.Context, pod *v1.Pod, recs []api.MigRese
 		m, err := a.realiseOne(ctx, pod, r)
 		if err != nil {
 			for _, done := range out {
-				if done.created {
-					a.undo(ctx, pod, done)
+				if !done.created {
+					continue
+				}
+				if uErr := a.undo(ctx, pod, done); uErr != nil {
+					err = fmt.Errorf("%w; %w", err, uErr)
 				}
 			}
 			return nil, onDevice(r, err)
@@ -377,14 +380,25 @@ func (a *Allocator) realiseOne(ctx context.Context, pod *v1.Pod, r api.MigReserv
 	}
 	in, err := a.opts.Instances.Create(ctx, r.GPUUUID, r.Profile, r.Placement)
 	if err != nil {
-		_ = a.opts.Checkpoint.Remove(key) // nothing was left behind: Create rolled back
-		return made{}, because(reasonCreate, fmt.Errorf("%s: %w", which, err))
+		// Create rolled back, so nothing is left; an intent that cannot be forgotten stays,
+		// and claims nothing another pod makes at this placement (destroyAt).
+		err = fmt.Errorf("%s: %w", which, err)
+		if rmErr := a.opts.Checkpoint.Remove(key); rmErr != nil {
+			err = fmt.Errorf("%w; forgetting the intent: %w", err, rmErr)
+		}
+		return made{}, because(reasonCreate, err)
 	}
 	entry.State, entry.GPUInstanceID, entry.ComputeInstanceID, entry.MigUUID = checkpoint.Created, in.GPUInstanceID, in.ComputeInstanceID, in.MigUUID
 	if err := a.opts.Checkpoint.Put(entry); err != nil {
-		_ = a.opts.Instances.Destroy(ctx, r.GPUUUID, in.GPUInstanceID)
-		_ = a.opts.Checkpoint.Remove(key)
-		return made{}, because(reasonCreate, fmt.Errorf("recording the created instance: %w", err))
+		// An instance the checkpoint does not record is not handed out: the create rolls
+		// back. If the destroy fails, the intent still recorded is what names it as ours.
+		err = fmt.Errorf("%s: recording the created instance: %w", which, err)
+		if dErr := a.opts.Instances.Destroy(ctx, r.GPUUUID, in.GPUInstanceID); dErr != nil {
+			err = fmt.Errorf("%w; rolling it back: %w", err, dErr)
+		} else if rmErr := a.opts.Checkpoint.Remove(key); rmErr != nil {
+			err = fmt.Errorf("%w; forgetting the intent: %w", err, rmErr)
+		}
+		return made{}, because(reasonCreate, err)
 	}
 	return made{Instance: in, containerIndex: r.ContainerIndex, deviceIndex: r.DeviceIndex, created: true}, nil
 }
@@ -470,26 +484,53 @@ func (a *Allocator) blocker(ctx context.Context, r api.MigReservation) (string, 
 	return "", nil
 }
 
-// owner finds the checkpoint entry of an instance.
+// owner finds the checkpoint entry of an instance: the created entry that records it, else
+// an intent at its placement and profile whose interrupted create may have made it.
 func (a *Allocator) owner(in instances.Instance) (checkpoint.Entry, bool) {
-	for _, e := range a.opts.Checkpoint.Entries() {
-		if e.GPUUUID == in.GPUUUID && e.Placement == in.Placement && (e.State == checkpoint.Intent || e.GPUInstanceID == in.GPUInstanceID) {
+	entries := a.opts.Checkpoint.Entries()
+	for _, e := range entries {
+		if records(e, in) {
+			return e, true
+		}
+	}
+	for _, e := range entries {
+		if e.State == checkpoint.Intent && e.GPUUUID == in.GPUUUID && e.Placement == in.Placement && e.Profile == in.Profile {
 			return e, true
 		}
 	}
 	return checkpoint.Entry{}, false
 }
 
-// undo destroys an instance this call created and forgets it.
-func (a *Allocator) undo(ctx context.Context, pod *v1.Pod, m made) {
+// records says whether a created entry is the instance's: its GPU, placement, GI id and MIG
+// UUID (GI ids are reused, MIG UUIDs never; a created entry's instance is complete).
+func records(e checkpoint.Entry, in instances.Instance) bool {
+	return e.State == checkpoint.Created && in.Complete && e.GPUUUID == in.GPUUUID && e.Placement == in.Placement &&
+		e.GPUInstanceID == in.GPUInstanceID && e.MigUUID == in.MigUUID
+}
+
+// recordedForOther says whether an entry other than the intent's records the instance.
+func (a *Allocator) recordedForOther(intent checkpoint.Entry, in instances.Instance) bool {
+	for _, e := range a.opts.Checkpoint.Entries() {
+		if e.Key != intent.Key && records(e, in) {
+			return true
+		}
+	}
+	return false
+}
+
+// undo destroys an instance this call created and forgets it. On a failure its entry stays:
+// the kubelet's retry adopts the instance, or makes it again if it is gone.
+func (a *Allocator) undo(ctx context.Context, pod *v1.Pod, m made) error {
 	unlock, err := a.opts.Instances.Lock(m.GPUUUID)
 	if err != nil {
-		return
+		return err
 	}
 	defer unlock()
 	if err := a.opts.Instances.Destroy(ctx, m.GPUUUID, m.GPUInstanceID); err != nil {
-		klog.FromContext(ctx).Error(err, "Rolling back an instance", "gpu", m.GPUUUID, "gpuInstanceID", m.GPUInstanceID)
-		return
+		return fmt.Errorf("rolling back device %d: %w", m.deviceIndex, err)
 	}
-	_ = a.opts.Checkpoint.Remove(checkpoint.Key{PodUID: string(pod.UID), ContainerIndex: m.containerIndex, DeviceIndex: m.deviceIndex})
+	if err := a.opts.Checkpoint.Remove(checkpoint.Key{PodUID: string(pod.UID), ContainerIndex: m.containerIndex, DeviceIndex: m.deviceIndex}); err != nil {
+		return fmt.Errorf("rolling back device %d: %w", m.deviceIndex, err)
+	}
+	return nil
 }

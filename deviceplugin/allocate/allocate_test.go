@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -622,5 +623,104 @@ func TestHAMiCorePreStart(t *testing.T) {
 	}
 	if len(e.gis()) != 0 {
 		t.Errorf("hami-core creates no MIG instance")
+	}
+}
+
+// hookedNVML runs hook before every GPU-instance create, to break something in the middle
+// of one.
+type hookedNVML struct {
+	nvml.Interface
+	hook func()
+}
+
+func (h hookedNVML) DeviceByIndex(i int) (nvml.Device, error) {
+	d, err := h.Interface.DeviceByIndex(i)
+	return hookedDevice{Device: d, hook: h.hook}, err
+}
+
+type hookedDevice struct {
+	nvml.Device
+	hook func()
+}
+
+func (d hookedDevice) CreateGpuInstanceWithPlacement(profileID int, pl api.Placement) (nvml.GpuInstance, error) {
+	d.hook()
+	return d.Device.CreateGpuInstanceWithPlacement(profileID, pl)
+}
+
+// TestCheckpointWriteFailureRefusesTheCreate: the checkpoint cannot be written (its
+// directory is gone) before the intent, or between the intent and the result. A create whose
+// intent is not recorded does not start, one whose result is not recorded rolls back, and a
+// failed create whose intent cannot be forgotten says so: each refusal names the checkpoint,
+// no instance is left, and the kubelet's retry succeeds once the checkpoint can be written.
+func TestCheckpointWriteFailureRefusesTheCreate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// before breaks the checkpoint before the start, during while the GI is created.
+		before, during bool
+		// failCreate makes the GI create fail too.
+		failCreate bool
+		wantErr    []string
+	}{
+		{name: "intent not recorded", before: true, wantErr: []string{"recording the intent"}},
+		{name: "result not recorded", during: true, wantErr: []string{"recording the created instance"}},
+		{name: "failed create whose intent cannot be forgotten", during: true, failCreate: true,
+			wantErr: []string{"ERROR_INSUFFICIENT_RESOURCES", "forgetting the intent"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			dir := filepath.Dir(e.cp.Path())
+			broken := func() {
+				if err := os.RemoveAll(dir); err != nil {
+					t.Fatal(err)
+				}
+			}
+			armed := tc.during
+			mgr, err := instances.New(hookedNVML{Interface: e.sim, hook: func() {
+				if armed {
+					armed = false
+					broken()
+				}
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := e.a.opts
+			opts.Instances = mgr
+			if e.a, err = New(opts); err != nil {
+				t.Fatal(err)
+			}
+			ids := e.admit(e.pod("p", pls(at(0, 2))), "c0", 1)
+			if tc.before {
+				broken()
+			}
+			if tc.failCreate {
+				e.sim.FailNext(0, sim.OpCreateGpuInstance, nvml.ErrorInsufficientRes)
+			}
+			_, err = e.start(ids)
+			if err == nil {
+				t.Fatal("the start must be refused")
+			}
+			for _, want := range append(tc.wantErr, e.cp.Path()) {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("the refusal must say %q: %v", want, err)
+				}
+			}
+			if gis := e.gis(); len(gis) != 0 {
+				t.Errorf("no instance may be left behind: %+v", gis)
+			}
+			if e.evicted("p") {
+				t.Error("a checkpoint failure is retried by the kubelet, not evicted")
+			}
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.start(ids); err != nil {
+				t.Fatalf("the retry with a writable checkpoint: %v", err)
+			}
+			if gis, cp := e.gis(), e.cp.Entries(); len(gis) != 1 || len(cp) != 1 || cp[0].State != checkpoint.Created {
+				t.Errorf("after the retry: instances %+v, checkpoint %+v", gis, cp)
+			}
+		})
 	}
 }

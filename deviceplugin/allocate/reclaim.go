@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
 )
@@ -89,18 +90,60 @@ func (a *Allocator) reclaim(ctx context.Context, e checkpoint.Entry, pod *v1.Pod
 	return nil
 }
 
-// destroyAt removes what a create left at an intent's placement, if its profile matches.
+// destroyAt removes what an interrupted create of intent e left at its placement: an
+// instance of its profile there that no other entry records and no other pod's live
+// reservation names. Ownership is pod UID, container and device, never placement alone: an
+// intent that outlived its create must not take the instance the next pod made there.
 func (a *Allocator) destroyAt(ctx context.Context, e checkpoint.Entry) error {
 	list, err := a.opts.Instances.List(e.GPUUUID)
 	if err != nil {
 		return err
 	}
 	for _, in := range list {
-		if in.Placement == e.Placement && in.Profile == e.Profile {
-			return a.opts.Instances.Destroy(ctx, e.GPUUUID, in.GPUInstanceID)
+		if in.Placement != e.Placement || in.Profile != e.Profile || a.recordedForOther(e, in) {
+			continue
 		}
+		if in.MigUUID != "" {
+			other, err := a.namedByOther(ctx, e, in.MigUUID)
+			if err != nil {
+				return fmt.Errorf("not clearing the intent of %s/%s at %s on %s: %w", e.PodNamespace, e.PodName, e.Placement, e.GPUUUID, err)
+			}
+			if other != nil {
+				klog.FromContext(ctx).Info("An intent's placement holds another pod's instance: left alone", "pod", klog.KRef(e.PodNamespace, e.PodName),
+					"owner", klog.KObj(other), "gpu", e.GPUUUID, "placement", e.Placement.String(), "migUUID", in.MigUUID)
+				continue
+			}
+		}
+		return a.opts.Instances.Destroy(ctx, e.GPUUUID, in.GPUInstanceID)
 	}
 	return nil
+}
+
+// namedByOther finds the live pod on this node, other than the intent's, whose reservation
+// names the MIG device, from a direct read of the API.
+func (a *Allocator) namedByOther(ctx context.Context, intent checkpoint.Entry, migUUID string) (*v1.Pod, error) {
+	list, err := a.opts.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + a.opts.NodeName})
+	if err != nil {
+		return nil, fmt.Errorf("listing this node's pods: %w", err)
+	}
+	for i := range list.Items {
+		p := &list.Items[i]
+		raw, ok := p.Annotations[api.MigReservationsAnnotation]
+		if !ok || string(p.UID) == intent.PodUID || p.Spec.NodeName != a.opts.NodeName || ended(p) {
+			continue
+		}
+		recs, err := api.DecodeMigReservations(raw)
+		if err != nil {
+			// It may name the instance: destroy nothing.
+			return nil, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		for _, r := range recs {
+			if r.MigUUID == migUUID {
+				return p, nil
+			}
+		}
+	}
+	return nil, nil
 }
 
 // ownerPod reads the entry's pod from the API: nil when it is gone (or replaced by a pod of

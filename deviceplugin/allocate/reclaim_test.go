@@ -1,11 +1,14 @@
 package allocate
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
 	"github.com/dynamig/dynamig/nvml"
 	"github.com/dynamig/dynamig/nvml/sim"
@@ -106,6 +109,79 @@ func TestReclaimContinuesPastAFailedDestroy(t *testing.T) {
 			}
 			if cp := e.cp.Entries(); len(cp) != 1 || cp[0].PodName != "a" {
 				t.Errorf("a's entry must stay for the next pass, b's go: %+v", cp)
+			}
+		})
+	}
+}
+
+// TestIntentNeverTakesAnotherPodsInstance: pod a's intent outlived its create (the create
+// failed and the intent could not be removed), a ended, and pod b's instance, recorded
+// under b's own entry, now sits at the same placement. Ownership is pod UID, container and
+// device, never placement alone: nothing done for a's intent destroys b's instance.
+func TestIntentNeverTakesAnotherPodsInstance(t *testing.T) {
+	reclaimPass := func(e *env) error { return e.a.Reclaim(e.ctx) }
+	recoverPass := func(e *env) error { _, err := e.a.Recover(e.ctx, false); return err }
+	for _, tc := range []struct {
+		name string
+		// unrealised: b's result is recorded but not yet written back to b (the plugin died
+		// in between), so no reservation names b's instance.
+		unrealised bool
+		// lost: b's entry is not in the checkpoint, only b's reservation names its instance.
+		lost bool
+		pass func(e *env) error
+		// forgotten: the pass forgets a's stale intent.
+		forgotten bool
+	}{
+		{"reclaim loop", false, false, reclaimPass, true},
+		{"reclaim loop, b's entry lost", false, true, reclaimPass, true},
+		{"restart recovery", false, false, recoverPass, true},
+		{"restart recovery before b's write-back", true, false, recoverPass, true},
+		{"a start whose reservation overlaps b's", false, false, func(e *env) error {
+			if _, err := e.start(e.admit(e.pod("c", pls(at(0, 2))), "c0", 1)); err == nil || !strings.Contains(err.Error(), "double-book") {
+				return fmt.Errorf("c must lose to running b: %v", err)
+			}
+			return nil
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			a := e.pod("a", pls(at(0, 2)))
+			stale := checkpoint.Entry{Key: checkpoint.Key{PodUID: string(a.UID)}, PodNamespace: "default", PodName: "a",
+				GPUUUID: e.gpu, Profile: "2g.10gb", Placement: at(0, 2), State: checkpoint.Intent}
+			if err := e.cp.Put(stale); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.client.CoreV1().Pods("default").Delete(e.ctx, "a", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			b := e.realise("b", at(0, 2))
+			migB := e.gis()[0].ComputeInstances[0].MigUUID
+			if tc.unrealised {
+				got := e.get("b")
+				recs, _ := api.DecodeMigReservations(got.Annotations[api.MigReservationsAnnotation])
+				recs[0].MigUUID, recs[0].GPUInstanceID, recs[0].ComputeInstanceID = "", nil, nil
+				raw, _ := api.EncodeMigReservations(recs)
+				got.Annotations[api.MigReservationsAnnotation] = raw
+				if _, err := e.client.CoreV1().Pods("default").Update(e.ctx, got, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.lost {
+				if err := e.cp.Remove(checkpoint.Key{PodUID: string(b.UID)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := tc.pass(e); err != nil {
+				t.Error(err)
+			}
+			if gis := e.gis(); len(gis) != 1 || gis[0].ComputeInstances[0].MigUUID != migB {
+				t.Errorf("b's instance %s must stay: %+v", migB, gis)
+			}
+			if got, ok := e.cp.Get(checkpoint.Key{PodUID: string(b.UID)}); !tc.lost && (!ok || got.MigUUID != migB) {
+				t.Errorf("b's entry must stay: %+v", got)
+			}
+			if _, kept := e.cp.Get(stale.Key); kept == tc.forgotten {
+				t.Errorf("a's stale intent kept %v, want %v", kept, !tc.forgotten)
 			}
 		})
 	}

@@ -52,8 +52,8 @@ func (a *Allocator) Recover(ctx context.Context, reclaimUnknown bool) (Report, e
 	if listErr != nil {
 		logger.Error(listErr, "Cannot list this node's pods: recovery only reports, destroys nothing")
 	}
-	named := map[string]api.MigReservation{} // by migUUID: instances a reservation names
-	pods := map[string]*v1.Pod{}             // by UID: this node's pods
+	named := map[string]naming{} // by migUUID: instances a live pod's reservation names
+	pods := map[string]*v1.Pod{} // by UID: this node's pods
 	legacyGPUs := map[string]bool{}
 	if list != nil {
 		for i := range list.Items {
@@ -80,7 +80,7 @@ func (a *Allocator) Recover(ctx context.Context, reclaimUnknown bool) (Report, e
 			}
 			for _, r := range recs {
 				if r.Realized() && !ended(p) {
-					named[r.MigUUID] = r
+					named[r.MigUUID] = naming{MigReservation: r, podUID: string(p.UID)}
 				}
 			}
 		}
@@ -111,7 +111,13 @@ func (a *Allocator) Recover(ctx context.Context, reclaimUnknown bool) (Report, e
 	return rep, errors.Join(errs...)
 }
 
-func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, named map[string]api.MigReservation, pods map[string]*v1.Pod, destructive, reclaimUnknown bool) error {
+// naming is a realised reservation of a live pod.
+type naming struct {
+	api.MigReservation
+	podUID string
+}
+
+func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, named map[string]naming, pods map[string]*v1.Pod, destructive, reclaimUnknown bool) error {
 	present, err := a.opts.Instances.List(gpu)
 	if err != nil {
 		return err
@@ -149,7 +155,14 @@ func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, nam
 		var match *instances.Instance
 		for i := range present {
 			in := &present[i]
-			if in.Placement == e.Placement && in.Profile == e.Profile && (e.State == checkpoint.Intent || in.GPUInstanceID == e.GPUInstanceID) {
+			if in.Placement != e.Placement || in.Profile != e.Profile {
+				continue
+			}
+			// An intent matches what its interrupted create may have left, never an instance
+			// another entry records or another pod's reservation names.
+			namer := named[in.MigUUID].podUID
+			if (e.State == checkpoint.Created && in.GPUInstanceID == e.GPUInstanceID) ||
+				(e.State == checkpoint.Intent && !a.recordedForOther(e, *in) && (namer == "" || namer == e.PodUID)) {
 				match = in
 			}
 		}
@@ -212,7 +225,7 @@ func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, nam
 		if r, ok := named[in.MigUUID]; ok && in.Complete && r.GPUUUID == gpu && r.Placement == in.Placement && r.Profile == in.Profile &&
 			*r.GPUInstanceID == uint32(in.GPUInstanceID) && *r.ComputeInstanceID == uint32(in.ComputeInstanceID) {
 			// A reservation names it with its complete identity: ours (the checkpoint was lost).
-			if p := podOf(pods, r); p != nil {
+			if p := pods[r.podUID]; p != nil {
 				e := checkpoint.Entry{Key: checkpoint.Key{PodUID: string(p.UID), ContainerIndex: r.ContainerIndex, DeviceIndex: r.DeviceIndex},
 					PodNamespace: p.Namespace, PodName: p.Name, GPUUUID: gpu, Profile: in.Profile, Placement: in.Placement,
 					State: checkpoint.Created, GPUInstanceID: in.GPUInstanceID, ComputeInstanceID: in.ComputeInstanceID, MigUUID: in.MigUUID}
@@ -230,23 +243,4 @@ func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, nam
 		}
 	}
 	return errors.Join(failed...)
-}
-
-// podOf finds the pod, not ended, whose reservation r is.
-func podOf(pods map[string]*v1.Pod, r api.MigReservation) *v1.Pod {
-	for _, p := range pods {
-		if ended(p) {
-			continue
-		}
-		recs, err := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
-		if err != nil {
-			continue
-		}
-		for _, x := range recs {
-			if x.MigUUID == r.MigUUID {
-				return p
-			}
-		}
-	}
-	return nil
 }

@@ -199,8 +199,16 @@ func (c *Checkpoint) Entries() []Entry {
 }
 
 // writeLocked replaces the file atomically: a temp file in the same directory, synced, then
-// renamed over the old one, so a crash leaves the old or the new file, never a torn one.
+// renamed over the old one, so a crash leaves the old or the new file, never a torn one. Its
+// error names the checkpoint, which callers refuse or roll back a create on.
 func (c *Checkpoint) writeLocked() error {
+	if err := c.replace(); err != nil {
+		return fmt.Errorf("writing checkpoint %s: %w", c.path, err)
+	}
+	return nil
+}
+
+func (c *Checkpoint) replace() error {
 	f := file{Version: Version, Entries: make([]Entry, 0, len(c.entries))}
 	for _, e := range c.entries {
 		f.Entries = append(f.Entries, e)
@@ -212,25 +220,21 @@ func (c *Checkpoint) writeLocked() error {
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(c.path)
-	tmp, err := os.CreateTemp(dir, ".dynamig-checkpoint-*")
+	tmp, err := os.CreateTemp(filepath.Dir(c.path), ".dynamig-checkpoint-*")
 	if err != nil {
-		return fmt.Errorf("writing checkpoint: %w", err)
+		return err
 	}
 	defer os.Remove(tmp.Name()) // no-op after the rename
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
-		return fmt.Errorf("writing checkpoint: %w", err)
+		return err
 	}
 	if err := tmp.Sync(); err != nil {
 		tmp.Close()
-		return fmt.Errorf("syncing checkpoint: %w", err)
+		return err
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("writing checkpoint: %w", err)
+		return err
 	}
-	if err := os.Rename(tmp.Name(), c.path); err != nil {
-		return fmt.Errorf("replacing checkpoint: %w", err)
-	}
-	return nil
+	return os.Rename(tmp.Name(), c.path)
 }
