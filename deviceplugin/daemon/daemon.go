@@ -143,7 +143,15 @@ func Run(ctx context.Context, opts Options) error {
 	if _, err := alloc.Recover(ctx, opts.ReclaimUnknownInstances); err != nil {
 		logger.Error(err, "Restart recovery incomplete; continuing without destroying anything it could not verify")
 	}
-	pub := &publish.Publisher{Client: opts.Client, NodeName: opts.NodeName, NVML: opts.NVML, Config: opts.DeviceConfig}
+	// The instances no reservation explains are told from this node's pods: the informer
+	// syncs before the first inventory is published.
+	factory.Start(ctx.Done())
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("the informer of %v did not sync", typ)
+		}
+	}
+	pub := &publish.Publisher{Client: opts.Client, NodeName: opts.NodeName, NVML: opts.NVML, Config: opts.DeviceConfig, Unexplained: alloc.Unexplained}
 	devs := &deviceList{changed: make(chan struct{}, 1)}
 	res, _, err := pub.Publish(ctx)
 	if err != nil {
@@ -162,11 +170,12 @@ func Run(ctx context.Context, opts Options) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); f() }()
 	}
+	publishNow := make(chan struct{}, 1)
 	run(func() {
-		publishLoop(ctx, pub, devs, opts.InventoryInterval)
+		publishLoop(ctx, pub, devs, opts.InventoryInterval, publishNow)
 	})
 	run(func() { heartbeat.Run(ctx, opts.HeartbeatInterval) })
-	run(func() { reclaimLoop(ctx, opts, alloc, factory, pods.Informer()) })
+	run(func() { reclaimLoop(ctx, opts, alloc, factory, pods.Informer(), publishNow) })
 	err = srv.Run(ctx)
 	wg.Wait()
 	return err
@@ -219,7 +228,7 @@ func orDefault(d, def time.Duration) time.Duration {
 	return d
 }
 
-func publishLoop(ctx context.Context, pub *publish.Publisher, devs *deviceList, every time.Duration) {
+func publishLoop(ctx context.Context, pub *publish.Publisher, devs *deviceList, every time.Duration, now <-chan struct{}) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -227,6 +236,7 @@ func publishLoop(ctx context.Context, pub *publish.Publisher, devs *deviceList, 
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-now:
 		}
 		res, _, err := pub.Publish(ctx)
 		if err != nil {
@@ -240,7 +250,10 @@ func publishLoop(ctx context.Context, pub *publish.Publisher, devs *deviceList, 
 // reclaimLoop reclaims instances of ended pods periodically and whenever a pod on this
 // node is deleted or ends, as an informer on this node's pods reports it (no full LIST
 // every few seconds).
-func reclaimLoop(ctx context.Context, opts Options, alloc *allocate.Allocator, factory informers.SharedInformerFactory, informer cache.SharedIndexInformer) {
+//
+// After each pass it asks for the inventory to be published: what the pass kept, or the
+// instances it destroyed, change the instances no reservation explains.
+func reclaimLoop(ctx context.Context, opts Options, alloc *allocate.Allocator, factory informers.SharedInformerFactory, informer cache.SharedIndexInformer, publishNow chan<- struct{}) {
 	logger := klog.FromContext(ctx)
 	kick := make(chan struct{}, 1)
 	poke := func() {
@@ -259,7 +272,6 @@ func reclaimLoop(ctx context.Context, opts Options, alloc *allocate.Allocator, f
 	}); err != nil {
 		logger.Error(err, "Watching pods")
 	}
-	factory.Start(ctx.Done())
 	t := time.NewTicker(opts.ReclaimInterval)
 	defer t.Stop()
 	for {
@@ -272,6 +284,10 @@ func reclaimLoop(ctx context.Context, opts Options, alloc *allocate.Allocator, f
 		}
 		if err := alloc.Reclaim(ctx); err != nil {
 			logger.Info("Reclaim incomplete; the next pass retries", "err", err)
+		}
+		select {
+		case publishNow <- struct{}{}:
+		default:
 		}
 	}
 }

@@ -39,6 +39,9 @@ type Publisher struct {
 	NodeName string
 	NVML     nvml.Interface
 	Config   *config.DeviceConfig
+	// Unexplained, if set, lists per GPU UUID the MIG instances no reservation explains;
+	// they are published with the inventory (api.GPU.Unexplained).
+	Unexplained func(context.Context) (map[string][]api.Instance, error)
 	// last is the value this publisher last wrote or found, to tell a content change from
 	// someone else's edit in the log.
 	last string
@@ -53,6 +56,18 @@ func (p *Publisher) Publish(ctx context.Context) (*inventory.Result, bool, error
 	res, err := inventory.Discover(ctx, p.NVML, p.Config, p.NodeName)
 	if err != nil {
 		return nil, false, fmt.Errorf("discovering GPUs: %w", err)
+	}
+	if p.Unexplained != nil {
+		unexplained, err := p.Unexplained(ctx)
+		if err != nil {
+			// Publishing without them would offer their placements again: wait for the next round.
+			return nil, false, err
+		}
+		for i := range res.GPUs {
+			if g := &res.GPUs[i]; g.Mode == api.ModeMIG {
+				g.Unexplained = unexplained[g.ID]
+			}
+		}
 	}
 	raw, err := api.EncodeInventory(res.GPUs)
 	if err != nil {

@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -114,5 +115,37 @@ func TestPublishRepairsTheNodesInventory(t *testing.T) {
 				t.Errorf("a repaired inventory must not be written again: %v %v", wrote, err)
 			}
 		})
+	}
+}
+
+// TestPublishUnexplainedInstances: the instances no reservation explains are published on
+// their GPU; while they cannot be told, nothing is written (issue 14, defect 2).
+func TestPublishUnexplainedInstances(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}})
+	s, _ := sim.New(sim.Options{Seed: "n"}, sim.GPUSpec{Model: "A100-40GB"})
+	s.Init()
+	var found map[string][]api.Instance
+	var failure error
+	p := &Publisher{Client: client, NodeName: "n", NVML: s, Config: config.DefaultDeviceConfig(),
+		Unexplained: func(context.Context) (map[string][]api.Instance, error) { return found, failure }}
+	failure = errors.New("pods not synced")
+	if _, wrote, err := p.Publish(ctx); err == nil || wrote {
+		t.Fatalf("publish without knowing the unexplained instances: wrote %v, %v", wrote, err)
+	}
+	failure = nil
+	res, _, err := p.Publish(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu := res.GPUs[0].ID
+	found = map[string][]api.Instance{gpu: {{Profile: "3g.20gb", Placement: api.Placement{Start: 0, Size: 4}}}}
+	if _, wrote, err := p.Publish(ctx); err != nil || !wrote {
+		t.Fatalf("a new unexplained instance must be published: %v %v", wrote, err)
+	}
+	node, _ := client.CoreV1().Nodes().Get(ctx, "n", metav1.GetOptions{})
+	gpus, err := api.DecodeInventory(node.Annotations[api.NodeInventoryAnnotation])
+	if err != nil || len(gpus[0].Unexplained) != 1 || gpus[0].Unexplained[0].Placement != (api.Placement{Start: 0, Size: 4}) {
+		t.Errorf("published %+v, %v", gpus, err)
 	}
 }

@@ -277,3 +277,41 @@ func (w *world) staleNode(name, like string) {
 		w.t.Fatal(err)
 	}
 }
+
+// TestUnexplainedInstancesAreTaken: MIG instances someone else made on a node (no pod, no
+// checkpoint entry) are published with the inventory, and the scheduler reserves nothing
+// that overlaps them: a pod that only fits there stays Pending for that reason, which the
+// slot map shows, instead of being bound to a placement it can never get (issue 14, defect
+// 2). A smaller pod runs beside them.
+func TestUnexplainedInstancesAreTaken(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB"))
+	for _, pl := range []api.Placement{{Start: 0, Size: 4}, {Start: 4, Size: 2}} {
+		profile := map[int]string{4: "3g.20gb", 2: "2g.10gb"}[pl.Size]
+		if err := w.sb.MakeInstance(w.ctx, "n", 0, profile, pl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The device plugin publishes them within its inventory interval (30 s).
+	w.waitFor("the inventory to list the two instances", 45*time.Second, func() (bool, string) {
+		n, err := w.c.CoreV1().Nodes().Get(w.ctx, "n", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		gpus, err := api.DecodeInventory(n.Annotations[api.NodeInventoryAnnotation])
+		if err != nil || len(gpus) != 1 {
+			return false, fmt.Sprint(gpus, err)
+		}
+		return len(gpus[0].Unexplained) == 2, fmt.Sprintf("unexplained: %v", gpus[0].Unexplained)
+	})
+	w.create(pod("half", api.ModeMIG, 1, 19000))
+	if msg := w.pending("half"); !strings.Contains(msg, "1 all MIG placements taken") {
+		t.Errorf("half: %q, want all placements taken", msg)
+	}
+	if nodes := w.kubectlDynamig("nodes", "n"); !strings.Contains(nodes, "|x x x x x x . .|") {
+		t.Errorf("kubectl dynamig nodes does not show the unexplained instances:\n%s", nodes)
+	}
+	w.create(pod("small", api.ModeMIG, 1, 4000))
+	if r := w.running("small")["small"]; len(r) != 1 || r[0].Placement != (api.Placement{Start: 6, Size: 1}) {
+		t.Errorf("small: %v, want a 1g.5gb at [6,7), the one free placement", r)
+	}
+}

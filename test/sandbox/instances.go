@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/deviceplugin/instances"
 	"github.com/dynamig/dynamig/inspect"
 )
 
@@ -184,4 +185,29 @@ func (s *Sandbox) Occupancy(ctx context.Context) ([]GPUOccupancy, error) {
 		}
 	}
 	return out, nil
+}
+
+// MakeInstance creates a MIG instance (GPU and compute instance) of profile at placement on
+// node's simulated GPU of that index, as someone other than dynamig would (nvidia-smi mig
+// -cgi … -C): no pod holds it and no checkpoint records it.
+func (s *Sandbox) MakeInstance(ctx context.Context, node string, gpu int, profile string, placement api.Placement) error {
+	n := s.node(node)
+	if n == nil {
+		return fmt.Errorf("no sandbox node %q", node)
+	}
+	ids := n.info().GPUUUIDs
+	if gpu < 0 || gpu >= len(ids) {
+		return fmt.Errorf("node %s has %d GPUs, not a GPU %d", node, len(ids), gpu)
+	}
+	mgr, err := instances.New(n.gpus)
+	if err != nil {
+		return err
+	}
+	unlock, err := mgr.Lock(ids[gpu])
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	_, err = mgr.Create(ctx, ids[gpu], profile, placement)
+	return err
 }
