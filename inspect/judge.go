@@ -93,8 +93,8 @@ type candidate struct {
 // holder is one pod's hold on a node's GPUs.
 type holder struct {
 	pod string
-	// annotations hold a bound pod's reservations; assignments a simulated pod's.
-	annotations map[string]string
+	// held is a bound pod's reservations, decoded once; assignments a simulated pod's.
+	held        placement.Held
 	assignments []placement.Assignment
 }
 
@@ -124,14 +124,13 @@ func newCandidates(nodes []v1.Node, pods []v1.Pod, leases []coordinationv1.Lease
 			continue
 		}
 		c.add(p)
-		// Decoding onto no GPUs only checks that the reservations decode.
-		found, err := placement.AddAnnotated(nil, p.Annotations, api.DecodeMigReservations)
+		held, found, err := placement.DecodeHeld(p.Annotations, api.DecodeMigReservations)
 		switch {
 		case err != nil && c.broken == "":
 			// As the scheduler words it: an unreadable reservation could hide an occupied placement.
 			c.broken = fmt.Sprintf("node %s: pod %s/%s: %v", c.Name, p.Namespace, p.Name, err)
 		case err == nil && found:
-			c.holders = append(c.holders, holder{pod: p.Namespace + "/" + p.Name, annotations: p.Annotations})
+			c.holders = append(c.holders, holder{pod: p.Namespace + "/" + p.Name, held: held})
 		}
 	}
 	return out
@@ -155,10 +154,7 @@ func (c *candidate) gpus(without ...int) []placement.GPU {
 		if slices.Contains(without, i) {
 			continue
 		}
-		if h.annotations != nil {
-			// Decoded once in newCandidates: no error here.
-			_, _ = placement.AddAnnotated(gpus, h.annotations, api.DecodeMigReservations)
-		}
+		h.held.Add(gpus)
 		placement.AddAssignments(gpus, h.assignments)
 	}
 	return gpus
@@ -344,11 +340,7 @@ func layouts(c *candidate, gpus []placement.GPU) []string {
 
 // holdings are a holder's MIG reservations.
 func holdings(h holder) []api.MigReservation {
-	if h.annotations != nil {
-		recs, _ := api.DecodeMigReservations(h.annotations[api.MigReservationsAnnotation])
-		return recs
-	}
-	var out []api.MigReservation
+	out := slices.Clip(h.held.MIG) // appending never writes into the decoded records
 	for _, a := range h.assignments {
 		if a.Mode == api.ModeMIG {
 			out = append(out, api.MigReservation{GPUUUID: a.GPUUUID, Profile: a.Profile, Placement: a.Placement})

@@ -71,21 +71,19 @@ func Simulate(pods []*v1.Pod, nodes []v1.Node, existing []v1.Pod, leases []coord
 			continue
 		}
 		var fits []judgement
+		refusals := map[string]int{}
 		for _, c := range candidates {
 			if j := policy.judge(pod, req, c); j.Fits {
 				fits = append(fits, j)
 			} else {
-				if l.Refusals == nil {
-					l.Refusals = map[string]int{}
-				}
-				l.Refusals[j.Reason]++
+				refusals[j.Reason]++
 			}
 		}
 		if len(fits) == 0 {
+			l.Refusals = refusals
 			out = append(out, l)
 			continue
 		}
-		l.Refusals = nil
 		best := pick(fits)
 		l.Node, l.Devices = best.Node, best.Devices
 		for _, j := range fits {

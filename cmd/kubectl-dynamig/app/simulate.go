@@ -10,7 +10,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/resource"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
 
@@ -50,32 +49,6 @@ plugins (CPU and memory balance, image locality) may pick them instead.`,
 			if err != nil {
 				return err
 			}
-			var nodes []v1.Node
-			var existing []v1.Pod
-			var leases []coordinationv1.Lease
-			var client kubernetes.Interface
-			var where string
-			if len(described) > 0 {
-				desc, err := inspect.ParseNodes(described)
-				if err != nil {
-					return err
-				}
-				policy, _, err := o.policy(c.Context(), nil, "")
-				if err != nil {
-					return err
-				}
-				if nodes, leases, err = inspect.BuildNodes(c.Context(), desc, policy.Device, o.namespace, o.now()); err != nil {
-					return err
-				}
-				where = fmt.Sprintf("%d described node(s)", len(nodes))
-			} else {
-				obj, err := o.read(c.Context())
-				if err != nil {
-					return err
-				}
-				nodes, existing, leases, client = obj.nodes, obj.pods, obj.leases, obj.client
-				where = fmt.Sprintf("the cluster's %d node(s) and %d pod(s) as they are now", len(nodes), len(existing))
-			}
 			ns, _, err := o.config.ToRawKubeConfigLoader().Namespace()
 			if err != nil {
 				ns = metav1.NamespaceDefault
@@ -89,9 +62,34 @@ plugins (CPU and memory balance, image locality) may pick them instead.`,
 			if len(pods) > 0 {
 				schedulerName = pods[0].Spec.SchedulerName
 			}
-			policy, source, err := o.policy(c.Context(), client, schedulerName)
-			if err != nil {
-				return err
+			var nodes []v1.Node
+			var existing []v1.Pod
+			var leases []coordinationv1.Lease
+			var policy *inspect.Policy
+			var source, where string
+			if len(described) > 0 {
+				desc, err := inspect.ParseNodes(described)
+				if err != nil {
+					return err
+				}
+				// No cluster is read: the policy comes from the files given, or the defaults.
+				if policy, source, err = o.policy(c.Context(), nil, schedulerName); err != nil {
+					return err
+				}
+				if nodes, leases, err = inspect.BuildNodes(c.Context(), desc, policy.Device, o.namespace, o.now()); err != nil {
+					return err
+				}
+				where = fmt.Sprintf("%d described node(s)", len(nodes))
+			} else {
+				obj, err := o.read(c.Context())
+				if err != nil {
+					return err
+				}
+				if policy, source, err = o.policy(c.Context(), obj.client, schedulerName); err != nil {
+					return err
+				}
+				nodes, existing, leases = obj.nodes, obj.pods, obj.leases
+				where = fmt.Sprintf("the cluster's %d node(s) and %d pod(s) as they are now", len(nodes), len(existing))
 			}
 			landings := inspect.Simulate(pods, nodes, existing, leases, policy, o.now())
 			if ok, err := o.print(map[string]any{"cluster": where, "policy": source, "pods": landings}); ok {

@@ -48,28 +48,46 @@ func AddHAMiCoreShares(gpus []GPU, containers [][]api.HAMiCoreDevice) {
 	}
 }
 
-// AddAnnotated adds what a bound pod's reservation annotations hold to the GPUs: its MIG
-// reservations (hami.io/vgpu-mig-allocations, read with decodeMIG) and its hami-core devices
-// (hami.io/vgpu-devices-allocated). found says whether the pod carries either; a reservation
-// that does not decode is an error, since it could hide an occupied placement.
-func AddAnnotated(gpus []GPU, annotations map[string]string, decodeMIG func(string) ([]api.MigReservation, error)) (found bool, err error) {
+// Held is what a bound pod's reservation annotations hold: its MIG reservations
+// (hami.io/vgpu-mig-allocations) and its hami-core devices (hami.io/vgpu-devices-allocated).
+type Held struct {
+	MIG    []api.MigReservation
+	Shares [][]api.HAMiCoreDevice
+}
+
+// DecodeHeld reads what a pod's annotations hold, its MIG reservations with decodeMIG.
+// found says whether the pod carries either; a reservation that does not decode is an error,
+// since it could hide an occupied placement.
+func DecodeHeld(annotations map[string]string, decodeMIG func(string) ([]api.MigReservation, error)) (h Held, found bool, err error) {
 	raw, hasMIG := annotations[api.MigReservationsAnnotation]
 	coreRaw, hasCore := annotations[api.DevicesAllocatedAnnotation]
 	if hasMIG {
-		recs, err := decodeMIG(raw)
-		if err != nil {
-			return true, err
+		if h.MIG, err = decodeMIG(raw); err != nil {
+			return Held{}, true, err
 		}
-		AddMIGReservations(gpus, recs)
 	}
 	if hasCore {
-		containers, err := api.DecodeHAMiCoreDevices(api.DevicesAllocatedAnnotation, coreRaw)
-		if err != nil {
-			return true, err
+		if h.Shares, err = api.DecodeHAMiCoreDevices(api.DevicesAllocatedAnnotation, coreRaw); err != nil {
+			return Held{}, true, err
 		}
-		AddHAMiCoreShares(gpus, containers)
 	}
-	return hasMIG || hasCore, nil
+	return h, hasMIG || hasCore, nil
+}
+
+// Add adds what h holds to the GPUs it names.
+func (h Held) Add(gpus []GPU) {
+	AddMIGReservations(gpus, h.MIG)
+	AddHAMiCoreShares(gpus, h.Shares)
+}
+
+// AddAnnotated adds what a bound pod's reservation annotations hold to the GPUs (DecodeHeld);
+// on an error it adds nothing.
+func AddAnnotated(gpus []GPU, annotations map[string]string, decodeMIG func(string) ([]api.MigReservation, error)) (found bool, err error) {
+	h, found, err := DecodeHeld(annotations, decodeMIG)
+	if err == nil {
+		h.Add(gpus)
+	}
+	return found, err
 }
 
 // AddAssignments adds a fit's assignments, not yet recorded on the pod, to the GPUs.
