@@ -8,6 +8,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/klog/v2"
 
 	"github.com/dynamig/dynamig/api"
 )
@@ -17,7 +18,8 @@ import (
 // hami.io/vgpu-mig-allocations names the GPU and the placement): instances someone else
 // made, and those reclaim keeps because processes still run after their pod ended. The
 // inventory publishes them, so the scheduler does not reserve their placements again. It
-// reads the pods from the informer, which must have synced.
+// reads the pods from the informer, which must have synced. A GPU whose instances cannot be
+// listed is left out.
 func (a *Allocator) Unexplained(ctx context.Context) (map[string][]api.Instance, error) {
 	if a.opts.Pods == nil {
 		return nil, errors.New("no pod informer: the instances no reservation explains cannot be told")
@@ -53,7 +55,10 @@ func (a *Allocator) Unexplained(ctx context.Context) (map[string][]api.Instance,
 	for _, gpu := range a.opts.Instances.GPUs() {
 		list, err := a.opts.Instances.List(gpu)
 		if err != nil {
-			return nil, fmt.Errorf("listing the MIG instances of %s: %w", gpu, err)
+			// A GPU NVML cannot list (fallen off the bus) is published unhealthy, and the
+			// scheduler places nothing on it: the others' instances are still published.
+			klog.FromContext(ctx).Error(err, "Listing MIG instances for the inventory", "gpu", gpu)
+			continue
 		}
 		for _, in := range list {
 			if !explained[slot{gpu, in.Placement}] {

@@ -71,3 +71,14 @@ func TestUnexplained(t *testing.T) {
 		t.Error("without a pod informer the instances cannot be told apart")
 	}
 }
+
+// TestUnexplainedSkipsALostGPU: a GPU NVML cannot list any more is left out, so the inventory
+// can still be published (it marks the GPU unhealthy).
+func TestUnexplainedSkipsALostGPU(t *testing.T) {
+	e := newEnv(t)
+	e.a.opts.Pods = corelisters.NewPodLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}))
+	e.sim.LoseGPU(0)
+	if got, err := e.a.Unexplained(e.ctx); err != nil || len(got) != 0 {
+		t.Errorf("lost GPU: %v, %v; want nothing and no error", got, err)
+	}
+}
