@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"k8s.io/utils/clock"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
@@ -67,6 +68,8 @@ type Options struct {
 	// DeviceEdits says what a container gets for its devices (default cdi.EnvOnly:
 	// NVIDIA_VISIBLE_DEVICES only).
 	DeviceEdits cdi.DeviceEdits
+	// Clock is the node's clock (default: the real one).
+	Clock clock.PassiveClock
 }
 
 // Run runs until ctx ends.
@@ -163,7 +166,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	heartbeat := &publish.Heartbeat{Client: opts.Client, NodeName: opts.NodeName, Namespace: opts.LeaseNamespace, Duration: publish.DefaultHeartbeatDuration}
+	heartbeat := &publish.Heartbeat{Client: opts.Client, NodeName: opts.NodeName, Namespace: opts.LeaseNamespace, Duration: publish.DefaultHeartbeatDuration, Clock: opts.Clock}
 
 	var wg sync.WaitGroup
 	run := func(f func()) {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
@@ -111,13 +112,19 @@ type Heartbeat struct {
 	NodeName  string
 	Namespace string
 	Duration  time.Duration
+	// Clock stamps the renewals (default: the real clock).
+	Clock clock.PassiveClock
 }
 
 // Renew creates or renews the Lease once.
 func (h *Heartbeat) Renew(ctx context.Context) error {
 	leases := h.Client.CoordinationV1().Leases(h.Namespace)
 	name := api.HeartbeatLeaseName(h.NodeName)
-	now := metav1.NewMicroTime(time.Now())
+	var c clock.PassiveClock = clock.RealClock{}
+	if h.Clock != nil {
+		c = h.Clock
+	}
+	now := metav1.NewMicroTime(c.Now())
 	seconds := int32(h.Duration / time.Second)
 	lease, err := leases.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {

@@ -199,7 +199,9 @@ func (d *device) GpuInstancePossiblePlacements(profileID int) ([]api.Placement, 
 
 // CreateGpuInstanceWithPlacement creates a GI of the profile at exactly that placement, under
 // the hardware rules of the facts file (see the package doc).
-func (d *device) CreateGpuInstanceWithPlacement(profileID int, pl api.Placement) (nvml.GpuInstance, error) {
+func (d *device) CreateGpuInstanceWithPlacement(profileID int, pl api.Placement) (_ nvml.GpuInstance, err error) {
+	d.s.waitHold(d.g, OpCreateGpuInstance)
+	defer func() { d.s.runAfter(d.g, OpCreateGpuInstance, err) }()
 	d.s.mu.Lock()
 	if d.s.firstCreate.IsZero() {
 		d.s.firstCreate = time.Now()

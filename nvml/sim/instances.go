@@ -66,7 +66,9 @@ func (h *gpuInstance) Info() (nvml.GpuInstanceInfo, error) {
 }
 
 // CreateComputeInstance creates the GI's one full-GI compute instance and its MIG device.
-func (h *gpuInstance) CreateComputeInstance() (nvml.ComputeInstance, error) {
+func (h *gpuInstance) CreateComputeInstance() (_ nvml.ComputeInstance, err error) {
+	h.s.waitHold(h.gi.gpu, OpCreateComputeInstance)
+	defer func() { h.s.runAfter(h.gi.gpu, OpCreateComputeInstance, err) }()
 	h.s.mu.Lock()
 	defer h.s.mu.Unlock()
 	op := h.op("CreateComputeInstance")
@@ -112,7 +114,9 @@ func (h *gpuInstance) ComputeInstances() ([]nvml.ComputeInstance, error) {
 }
 
 // Destroy destroys the GI; ERROR_IN_USE while it has compute instances.
-func (h *gpuInstance) Destroy() error {
+func (h *gpuInstance) Destroy() (err error) {
+	h.s.waitHold(h.gi.gpu, OpDestroyGpuInstance)
+	defer func() { h.s.runAfter(h.gi.gpu, OpDestroyGpuInstance, err) }()
 	h.s.mu.Lock()
 	defer h.s.mu.Unlock()
 	op := h.op("GpuInstance.Destroy")
@@ -154,7 +158,9 @@ func (h *computeInstance) Info() (nvml.ComputeInstanceInfo, error) {
 }
 
 // Destroy destroys the CI and its MIG device; ERROR_IN_USE while processes run on it.
-func (h *computeInstance) Destroy() error {
+func (h *computeInstance) Destroy() (err error) {
+	h.s.waitHold(h.ci.gi.gpu, OpDestroyComputeInstance)
+	defer func() { h.s.runAfter(h.ci.gi.gpu, OpDestroyComputeInstance, err) }()
 	h.s.mu.Lock()
 	defer h.s.mu.Unlock()
 	op := h.op("ComputeInstance.Destroy")

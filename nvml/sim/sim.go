@@ -83,6 +83,10 @@ type gpuState struct {
 	lastGIID int
 	giIDPool int
 	faults   map[Op]nvml.Return
+	// holds and afters are the test hooks HoldNext and AfterNext put on the GPU's next call
+	// of an op.
+	holds  map[Op]*hold
+	afters map[Op]func()
 	// lost makes every call on the GPU but UUID answer ERROR_GPU_IS_LOST (LoseGPU).
 	lost bool
 	// creating serialises the GPU's creates while Options.CreateLatency passes; it is not
@@ -130,6 +134,8 @@ func New(opts Options, gpus ...GPUSpec) (*Sim, error) {
 			gis:        map[int]*giState{},
 			giIDPool:   giIDPoolSize(m),
 			faults:     map[Op]nvml.Return{},
+			holds:      map[Op]*hold{},
+			afters:     map[Op]func(){},
 		}
 		if g.name == "" {
 			g.name = defaultNVMLName(m, spec.Model)
@@ -310,6 +316,58 @@ func (s *Sim) gpu(index int) (*gpuState, error) {
 		return nil, fmt.Errorf("sim: GPU index %d out of range (%d GPUs)", index, len(s.gpus))
 	}
 	return s.gpus[index], nil
+}
+
+// hold is a HoldNext: reached closes when the call arrives, release lets it go on.
+type hold struct {
+	reached, release chan struct{}
+}
+
+// HoldNext makes the next call of op on the GPU wait, before it does anything, until release
+// is called; reached is closed when the call arrives. A call never released stays where it is,
+// as a process killed at that point would: tests use it to stop a component between two
+// steps. An index out of range panics.
+func (s *Sim) HoldNext(gpuIndex int, op Op) (reached <-chan struct{}, release func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := &hold{reached: make(chan struct{}), release: make(chan struct{})}
+	s.mustGPU(gpuIndex).holds[op] = h
+	var once sync.Once
+	return h.reached, func() { once.Do(func() { close(h.release) }) }
+}
+
+// AfterNext runs fn once the next call of op on the GPU has succeeded, before the call
+// returns to its caller (and without the simulator's lock, so fn may call it).
+func (s *Sim) AfterNext(gpuIndex int, op Op, fn func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mustGPU(gpuIndex).afters[op] = fn
+}
+
+// waitHold blocks a call of op while a HoldNext holds it; callers do not hold s.mu.
+func (s *Sim) waitHold(g *gpuState, op Op) {
+	s.mu.Lock()
+	h := g.holds[op]
+	delete(g.holds, op)
+	s.mu.Unlock()
+	if h != nil {
+		close(h.reached)
+		<-h.release
+	}
+}
+
+// runAfter runs the AfterNext hook of op if the call succeeded; callers do not hold s.mu.
+func (s *Sim) runAfter(g *gpuState, op Op, err error) {
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	fn := g.afters[op]
+	delete(g.afters, op)
+	s.mu.Unlock()
+	if fn != nil {
+		fn()
+	}
 }
 
 // FailInit makes every Init fail with code until FailInit(nvml.Success). Sessions already

@@ -57,25 +57,22 @@ func (pl *DynamicMIG) isSchedulableAfterPodDelete(logger klog.Logger, pod *v1.Po
 	return fwk.Queue, nil
 }
 
-// leaseFresh reports whether a Lease was renewed within its duration.
-func leaseFresh(l *coordinationv1.Lease, now time.Time) bool { return expiry(l).After(now) }
-
-// onLeaseEvent activates the pods refused for an expired heartbeat when any heartbeat
-// comes back.
-func (pl *DynamicMIG) onLeaseEvent(oldObj, newObj any) {
+// onLeaseEvent records the heartbeat and activates the pods refused for an expired
+// heartbeat when one comes back.
+func (pl *DynamicMIG) onLeaseEvent(_, newObj any) {
 	l, ok := newObj.(*coordinationv1.Lease)
-	if ok {
-		pl.leaseTimes.set(l)
+	if !ok {
+		return
 	}
-	if !ok || !strings.HasPrefix(l.Name, api.HeartbeatLeasePrefix) || len(l.Name) == len(api.HeartbeatLeasePrefix) {
+	node, ok := strings.CutPrefix(l.Name, api.HeartbeatLeasePrefix)
+	if !ok || node == "" {
 		return
 	}
 	now := time.Now()
-	if !leaseFresh(l, now) {
-		return
-	}
-	if old, ok := oldObj.(*coordinationv1.Lease); ok && leaseFresh(old, now) {
-		return // still alive: nothing changed for waiting pods
+	wasFresh := pl.leaseTimes.heartbeatFresh(node, now)
+	pl.leaseTimes.set(l, now)
+	if wasFresh || !pl.leaseTimes.heartbeatFresh(node, now) {
+		return // nothing changed for waiting pods
 	}
 	pods := map[string]*v1.Pod{}
 	pl.heartbeatWaiters.Range(func(k, v any) bool {
@@ -106,24 +103,50 @@ func (pl *DynamicMIG) onLeaseDelete(obj any) {
 // Lease informer: Filter asks for every node of every cycle, so it looks up a time instead
 // of reading and parsing Leases. A sync.Map: Filter's parallel readers never contend, and
 // writes come only with Lease events.
+//
+// A renewal counts from when the scheduler saw it, on its own clock, not from the renew
+// time the node wrote, so clock skew between the scheduler and a node neither expires a
+// live node early (its clock behind) nor keeps a dead one alive longer (ahead), as the
+// node lifecycle controller does with kubelet Leases. A Lease seen for the first time (an
+// add, or a restarted scheduler's list), or one whose renew time moved back, has only the
+// node's word: fresh until its renew time plus duration, and never past now plus duration.
 type leaseTimes struct {
-	heartbeat sync.Map // node name → time.Time
+	heartbeat sync.Map // node name → heartbeatSeen
+}
+
+type heartbeatSeen struct {
+	renewed time.Time // the Lease's renew time, as the node wrote it
+	expiry  time.Time // on the scheduler's clock
 }
 
 func newLeaseTimes() *leaseTimes { return &leaseTimes{} }
 
-// expiry is when the Lease stops being fresh; zero when it has no renew time or duration.
-func expiry(l *coordinationv1.Lease) time.Time {
+// set records the node's heartbeat Lease as seen at now; other Leases are ignored.
+func (t *leaseTimes) set(l *coordinationv1.Lease, now time.Time) {
+	node, ok := strings.CutPrefix(l.Name, api.HeartbeatLeasePrefix)
+	if !ok {
+		return
+	}
 	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
-		return time.Time{}
+		t.heartbeat.Store(node, heartbeatSeen{})
+		return
 	}
-	return l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
-}
-
-func (t *leaseTimes) set(l *coordinationv1.Lease) {
-	if node, ok := strings.CutPrefix(l.Name, api.HeartbeatLeasePrefix); ok {
-		t.heartbeat.Store(node, expiry(l))
+	renewed, duration := l.Spec.RenewTime.Time, time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second
+	if prev, ok := t.heartbeat.Load(node); ok {
+		switch p := prev.(heartbeatSeen); {
+		case p.renewed.Equal(renewed):
+			return // not renewed: another field changed
+		case !p.renewed.IsZero() && renewed.After(p.renewed):
+			t.heartbeat.Store(node, heartbeatSeen{renewed: renewed, expiry: now.Add(duration)})
+			return
+		}
+		// A renew time moved back is no renewal (the Lease was rewritten): the node's word.
 	}
+	expiry := renewed.Add(duration)
+	if limit := now.Add(duration); expiry.After(limit) {
+		expiry = limit
+	}
+	t.heartbeat.Store(node, heartbeatSeen{renewed: renewed, expiry: expiry})
 }
 
 func (t *leaseTimes) remove(l *coordinationv1.Lease) {
@@ -134,6 +157,6 @@ func (t *leaseTimes) remove(l *coordinationv1.Lease) {
 
 // heartbeatFresh reports whether the node's device plugin heartbeat is fresh at now.
 func (t *leaseTimes) heartbeatFresh(node string, now time.Time) bool {
-	e, ok := t.heartbeat.Load(node)
-	return ok && e.(time.Time).After(now)
+	h, ok := t.heartbeat.Load(node)
+	return ok && h.(heartbeatSeen).expiry.After(now)
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+	"k8s.io/utils/clock"
 
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/nvml"
@@ -41,13 +42,18 @@ func Main(args []string, stdout, stderr io.Writer) int {
 type Option func(*options)
 
 type options struct {
-	lib nvml.Interface
+	lib   nvml.Interface
+	clock clock.PassiveClock
 }
 
 // WithNVML makes the commands use lib (already initialised) instead of the one --nvml
 // selects: a sandbox keeps one simulated machine per node across device-plugin restarts,
 // as real GPUs outlive the plugin.
 func WithNVML(lib nvml.Interface) Option { return func(o *options) { o.lib = lib } }
+
+// WithClock gives the daemon the node's clock (its heartbeat's renew times): a sandbox
+// skews a node's clock against the scheduler's.
+func WithClock(c clock.PassiveClock) Option { return func(o *options) { o.clock = c } }
 
 // MainContext is Main ending when ctx does (besides SIGINT and SIGTERM), for running the
 // device plugin inside another process (the sandbox, end-to-end tests).

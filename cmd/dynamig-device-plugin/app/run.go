@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dynamig/dynamig/api"
@@ -28,6 +29,7 @@ import (
 
 type runOptions struct {
 	nvml           nvmlFlags
+	clock          clock.PassiveClock // WithClock; nil is the real clock
 	config         configFlags
 	nodeName       string
 	kubeconfig     string
@@ -65,6 +67,7 @@ spec the container runtime resolves the names against.`,
 	}
 	o.nvml.register(cmd)
 	o.nvml.given = opts.lib
+	o.clock = opts.clock
 	f := cmd.Flags()
 	o.config.register(cmd)
 	f.StringVar(&o.nodeName, "node-name", defaultNodeName(), "this node's name (default: $NODE_NAME, else the host name)")
@@ -149,7 +152,7 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 		logger.Info("Device config warning", "warning", w)
 	}
 	return daemon.Run(ctx, daemon.Options{NodeName: o.nodeName, Client: client, NVML: lib, DeviceConfig: cfg,
-		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, PodResourcesSocket: o.podResources, CDISpecDir: o.cdiSpecDir, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown, HAMiCoreHostDir: o.hamiCoreDir, EnableMIGMode: o.enableMIGMode, DeviceEdits: deviceEdits})
+		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, PodResourcesSocket: o.podResources, CDISpecDir: o.cdiSpecDir, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown, HAMiCoreHostDir: o.hamiCoreDir, EnableMIGMode: o.enableMIGMode, DeviceEdits: deviceEdits, Clock: o.clock})
 }
 
 // What --device-edits selects.
