@@ -12,7 +12,8 @@ BIN := bin
 FUZZTIME ?= 200000x
 # Packages with concurrency run under the race detector.
 RACE_PKGS := ./nvml/... ./plugins/... ./deviceplugin/... ./webhook/... ./signing/...
-# package:FuzzTarget pairs, one decoder of external input each.
+# package:FuzzTarget[:count] entries, one decoder of external input each; count, when given,
+# replaces FUZZTIME for a slow target (a count of FUZZTIME's scale: `make fuzz` multiplies).
 FUZZ_TARGETS := \
 	./api:FuzzDecodeInventory \
 	./api:FuzzDecodeMigReservations \
@@ -20,12 +21,15 @@ FUZZ_TARGETS := \
 	./api:FuzzParseSignature \
 	./config:FuzzParseDeviceConfig \
 	./config:FuzzParseNodeConfig \
+	./config:FuzzDecodeDynamicMIGArgs:20000x \
+	./config:FuzzDynamicMIGArgsOf \
+	./deviceplugin/podresources:FuzzOwner \
 	./plugins/dynamicmig/request:FuzzParsePod \
 	./deviceplugin/checkpoint:FuzzDecode \
 	./nvml/sim:FuzzParseGPUList \
 	./webhook:FuzzHandle
 
-.PHONY: all build test unit race fuzz lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-burst kubectl
+.PHONY: all build test unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-burst kubectl
 
 all: build
 
@@ -49,16 +53,19 @@ $(KUBELET): go.mod go.sum
 	$(GO) build -ldflags "-X k8s.io/component-base/version.gitVersion=$(KUBELET_VERSION) -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35" -o $@ k8s.io/kubernetes/cmd/kubelet
 
 unit: $(KUBELET)
-	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -timeout 30m ./...
 
 race: $(KUBELET)
 	$(GO) test -count=1 -race $(RACE_PKGS)
 
+# Each fuzz target for a bounded count; `make fuzz FUZZSCALE=50` runs each 50 times longer.
+FUZZSCALE ?= 1
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
-		pkg=$${t%%:*}; fn=$${t##*:}; \
-		echo "fuzz $$fn ($$pkg), $(FUZZTIME) executions"; \
-		$(GO) test -run='^$$' -fuzz="^$$fn$$" -fuzztime=$(FUZZTIME) $$pkg; \
+		IFS=: read -r pkg fn count <<< "$$t"; count=$${count:-$(FUZZTIME)}; \
+		count=$$(( $${count%x} * $(FUZZSCALE) ))x; \
+		echo "fuzz $$fn ($$pkg), $$count executions"; \
+		$(GO) test -run='^$$' -fuzz="^$$fn$$" -fuzztime=$$count $$pkg; \
 	done
 
 lint:
@@ -69,6 +76,15 @@ lint:
 	@for p in ./api/... ./config/... ./nvml/... ./signing/... ./manifests/... ./version/... ./inspect/... ./plugins/dynamicmig/placement/... ./plugins/dynamicmig/request/... ./webhook/... ./cmd/dynamig-webhook/...; do \
 		if $(GO) list -deps -test $$p | grep -q '^k8s.io/kubernetes/'; then echo "$$p links k8s.io/kubernetes"; exit 1; fi; \
 	done
+
+# The randomized soak at length: pods of mixed profiles, pools and layouts created and
+# deleted across 10 simulated nodes for 20 minutes while faults fire at random (fixed
+# seed), the invariants checked throughout; its figures go to docs/reliability-soak.txt.
+# `make test` runs a 75-second one (test/faults TestSoak).
+SOAK_DURATION ?= 20m
+SOAK_SEED ?= 1
+soak: $(KUBELET)
+	$(GO) test -count=1 -timeout 90m -run '^TestSoak$$' ./test/faults -args -soak.duration=$(SOAK_DURATION) -soak.seed=$(SOAK_SEED) -soak.report=$(abspath docs/reliability-soak.txt)
 
 # The in-process sandbox (etcd, kube-apiserver, dynamig-scheduler, simulated GPU nodes with
 # the real device plugin): apply examples/, wait until both pods run with realised MIG

@@ -1,8 +1,11 @@
 package config
 
 import (
+	"reflect"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 func TestDynamicMIGArgsDefaults(t *testing.T) {
@@ -44,4 +47,33 @@ func TestDecodeDynamicMIGArgs(t *testing.T) {
 			t.Errorf("%q: error %v should name %s", tc.doc, err, tc.want)
 		}
 	}
+}
+
+// FuzzDecodeDynamicMIGArgs: the plugin's args as a user writes them in pluginConfig. Never a
+// panic; what decodes is valid, and decoding is stable (the args re-encoded decode equal).
+func FuzzDecodeDynamicMIGArgs(f *testing.F) {
+	f.Add([]byte(`{}`))
+	f.Add([]byte("migGPUSchedulerPolicy: binpack\nhamiCoreGPUSchedulerPolicy: spread\nnodeSchedulerPolicy: binpack\nresourceCountName: nvidia.com/gpu\n"))
+	f.Add([]byte(`{"fragmentationAware": false, "resourceMemoryName": ""}`))
+	f.Add([]byte("migGPUSchedulerPolicy: [1, 2]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		args, err := DecodeDynamicMIGArgs(data)
+		if err != nil {
+			return
+		}
+		if errs := args.Validate(); len(errs) > 0 {
+			t.Fatalf("decoded args are invalid: %v", errs)
+		}
+		raw, err := yaml.Marshal(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := DecodeDynamicMIGArgs(raw)
+		if err != nil {
+			t.Fatalf("re-decoding %s: %v", raw, err)
+		}
+		if !reflect.DeepEqual(args, again) {
+			t.Fatalf("decode is not stable: %+v → %+v", args, again)
+		}
+	})
 }

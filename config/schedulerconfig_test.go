@@ -46,3 +46,20 @@ func TestDynamicMIGArgsOf(t *testing.T) {
 		})
 	}
 }
+
+// FuzzDynamicMIGArgsOf: a KubeSchedulerConfiguration as kubectl dynamig and the sandbox read
+// it. Never a panic; the args found are valid.
+func FuzzDynamicMIGArgsOf(f *testing.F) {
+	f.Add([]byte("profiles:\n- schedulerName: dynamig-scheduler\n  pluginConfig:\n  - name: DynamicMIG\n    args: {migGPUSchedulerPolicy: spread}\n"), "dynamig-scheduler")
+	f.Add([]byte("profiles: [{schedulerName: a}, {schedulerName: b, pluginConfig: [{name: DynamicMIG}]}]"), "")
+	f.Add([]byte("profiles: 3"), "x")
+	f.Fuzz(func(t *testing.T, data []byte, name string) {
+		args, err := DynamicMIGArgsOf(data, name)
+		if err != nil {
+			return
+		}
+		if errs := args.Validate(); len(errs) > 0 {
+			t.Fatalf("args found are invalid: %v", errs)
+		}
+	})
+}

@@ -51,6 +51,11 @@ func (c *Client) Find(ctx context.Context, resource string, deviceIDs []string) 
 	if err != nil {
 		return Owner{}, fmt.Errorf("listing the kubelet's pod resources: %w", err)
 	}
+	return owner(resp, resource, deviceIDs)
+}
+
+// owner finds in the kubelet's answer the one container that holds exactly deviceIDs.
+func owner(resp *podresourcesv1.ListPodResourcesResponse, resource string, deviceIDs []string) (Owner, error) {
 	want := slices.Sorted(slices.Values(deviceIDs))
 	var found []Owner
 	for _, p := range resp.GetPodResources() {

@@ -2,10 +2,12 @@ package podresources
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
@@ -56,4 +58,52 @@ func TestFind(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzOwner decodes arbitrary bytes as the kubelet's List answer (the wire format the
+// PodResources socket carries) and attributes device IDs in it: never a panic, and an owner
+// found holds exactly the IDs asked for.
+func FuzzOwner(f *testing.F) {
+	seed, _ := proto.Marshal(&podresourcesv1.ListPodResourcesResponse{PodResources: []*podresourcesv1.PodResources{
+		{Name: "a", Namespace: "ns", Containers: []*podresourcesv1.ContainerResources{ctr("main", devs("nvidia.com/gpu", "g::2", "g::1"))}},
+		{Name: "b", Namespace: "ns", Containers: []*podresourcesv1.ContainerResources{ctr("main", devs("nvidia.com/gpu", "g::2"))}},
+	}})
+	f.Add(seed, "g::1,g::2")
+	f.Add(seed, "g::2")
+	f.Add([]byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f}, "")
+	f.Fuzz(func(t *testing.T, data []byte, ids string) {
+		var resp podresourcesv1.ListPodResourcesResponse
+		if err := proto.Unmarshal(data, &resp); err != nil {
+			return
+		}
+		want := strings.Split(ids, ",")
+		o, err := owner(&resp, "nvidia.com/gpu", want)
+		if err != nil {
+			return
+		}
+		held := 0
+		for _, p := range resp.GetPodResources() {
+			if p.GetNamespace() != o.Namespace || p.GetName() != o.Pod {
+				continue
+			}
+			for _, c := range p.GetContainers() {
+				if c.GetName() != o.Container {
+					continue
+				}
+				var got []string
+				for _, d := range c.GetDevices() {
+					if d.GetResourceName() == "nvidia.com/gpu" {
+						got = append(got, d.GetDeviceIds()...)
+					}
+				}
+				slices.Sort(got)
+				if slices.Equal(got, slices.Sorted(slices.Values(want))) {
+					held++
+				}
+			}
+		}
+		if held == 0 {
+			t.Fatalf("owner %s does not hold %v", o, want)
+		}
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -85,7 +86,7 @@ type gpuState struct {
 	faults   map[Op]nvml.Return
 	// holds and afters are the test hooks HoldNext and AfterNext put on the GPU's next call
 	// of an op.
-	holds  map[Op]*hold
+	holds  map[Op]*Hold
 	afters map[Op]func()
 	// lost makes every call on the GPU but UUID answer ERROR_GPU_IS_LOST (LoseGPU).
 	lost bool
@@ -134,7 +135,7 @@ func New(opts Options, gpus ...GPUSpec) (*Sim, error) {
 			gis:        map[int]*giState{},
 			giIDPool:   giIDPoolSize(m),
 			faults:     map[Op]nvml.Return{},
-			holds:      map[Op]*hold{},
+			holds:      map[Op]*Hold{},
 			afters:     map[Op]func(){},
 		}
 		if g.name == "" {
@@ -318,26 +319,42 @@ func (s *Sim) gpu(index int) (*gpuState, error) {
 	return s.gpus[index], nil
 }
 
-// hold is a HoldNext: reached closes when the call arrives, release lets it go on.
-type hold struct {
-	reached, release chan struct{}
+// Hold is a call HoldNext stops before it does anything.
+type Hold struct {
+	reached, done chan struct{}
+	abandon       bool // read after done closes
+	once          sync.Once
 }
 
-// HoldNext makes the next call of op on the GPU wait, before it does anything, until release
-// is called; reached is closed when the call arrives. A call never released stays where it is,
-// as a process killed at that point would: tests use it to stop a component between two
-// steps. An index out of range panics.
-func (s *Sim) HoldNext(gpuIndex int, op Op) (reached <-chan struct{}, release func()) {
+// Reached is closed when the held call arrives.
+func (h *Hold) Reached() <-chan struct{} { return h.reached }
+
+// Release lets the held call go on.
+func (h *Hold) Release() { h.once.Do(func() { close(h.done) }) }
+
+// Abandon ends the held call's goroutine where it stands (runtime.Goexit: only its deferred
+// calls run) and it never returns to its caller, as when its process is killed at that step.
+func (h *Hold) Abandon() {
+	h.once.Do(func() {
+		h.abandon = true
+		close(h.done)
+	})
+}
+
+// HoldNext makes the next call of op on the GPU wait, before it does anything, until the
+// test releases or abandons it: tests stop a component between two steps this way. An index
+// out of range panics.
+func (s *Sim) HoldNext(gpuIndex int, op Op) *Hold {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h := &hold{reached: make(chan struct{}), release: make(chan struct{})}
+	h := &Hold{reached: make(chan struct{}), done: make(chan struct{})}
 	s.mustGPU(gpuIndex).holds[op] = h
-	var once sync.Once
-	return h.reached, func() { once.Do(func() { close(h.release) }) }
+	return h
 }
 
 // AfterNext runs fn once the next call of op on the GPU has succeeded, before the call
-// returns to its caller (and without the simulator's lock, so fn may call it).
+// returns to its caller (and without the simulator's lock, so fn may call it). fn may end
+// the caller's goroutine with runtime.Goexit, as a kill right after the call would.
 func (s *Sim) AfterNext(gpuIndex int, op Op, fn func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -352,7 +369,10 @@ func (s *Sim) waitHold(g *gpuState, op Op) {
 	s.mu.Unlock()
 	if h != nil {
 		close(h.reached)
-		<-h.release
+		<-h.done
+		if h.abandon {
+			runtime.Goexit()
+		}
 	}
 }
 

@@ -929,3 +929,71 @@ func TestCreateLatency(t *testing.T) {
 		t.Errorf("creates on two GPUs took %v, want them to overlap (under %v)", took, 2*latency)
 	}
 }
+
+// TestHoldAndAfter: HoldNext stops the next call of an op before it changes anything, until
+// it is released (the call goes on) or abandoned (its goroutine ends there, running only its
+// deferred calls); AfterNext runs once, after a call that succeeded, and not after one that
+// failed.
+func TestHoldAndAfter(t *testing.T) {
+	const model = "A100-40GB"
+	s, d := simDevice(t, Options{}, GPUSpec{Model: model})
+	gis := func() int { l, _ := d.GpuInstances(); return len(l) }
+	createGI := func(start int) (nvml.GpuInstance, error) {
+		return d.CreateGpuInstanceWithPlacement(profileID(t, model, "1g.5gb"), api.Placement{Start: start, Size: 1})
+	}
+
+	h := s.HoldNext(0, OpCreateGpuInstance)
+	returned := make(chan error, 1)
+	go func() { _, err := createGI(0); returned <- err }()
+	<-h.Reached()
+	if n := gis(); n != 0 {
+		t.Errorf("a held create made %d GIs before its release", n)
+	}
+	h.Release()
+	if err := <-returned; err != nil {
+		t.Fatalf("released create: %v", err)
+	}
+
+	h = s.HoldNext(0, OpCreateGpuInstance)
+	deferred := make(chan struct{})
+	go func() {
+		defer close(deferred)
+		_, err := createGI(1)
+		returned <- err
+	}()
+	<-h.Reached()
+	h.Abandon()
+	<-deferred
+	select {
+	case err := <-returned:
+		t.Fatalf("an abandoned call returned (%v)", err)
+	default:
+	}
+	if n := gis(); n != 1 {
+		t.Errorf("%d GIs after an abandoned create, want the 1 made before", n)
+	}
+
+	ran := 0
+	s.AfterNext(0, OpCreateGpuInstance, func() {
+		ran++
+		if n := gis(); n != 2 {
+			t.Errorf("AfterNext ran with %d GIs: before the create took effect", n)
+		}
+	})
+	s.FailNext(0, OpCreateGpuInstance, nvml.ErrorUnknown)
+	if _, err := createGI(1); err == nil {
+		t.Fatal("the injected fault did not fail the create")
+	}
+	if ran != 0 {
+		t.Error("AfterNext ran after a failed call")
+	}
+	if _, err := createGI(1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := createGI(2); err != nil {
+		t.Fatal(err)
+	}
+	if ran != 1 {
+		t.Errorf("AfterNext ran %d times, want once", ran)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -49,6 +50,11 @@ type node struct {
 	dpCode       int
 	kubeletOut   kubeletnode.LogBuffer
 	informers    informers.SharedInformerFactory // completeInitContainers'
+	// apiLink carries the device plugin's API requests (CutAPI); clock is its node clock.
+	apiLink *apiLink
+	clock   skewedClock
+	// killed: the last device plugin was killed, and may still hold its metrics port.
+	killed bool
 
 	mu       sync.Mutex
 	gpuUUIDs []string
@@ -121,7 +127,19 @@ func (n *node) start(ctx context.Context, kubelet string, daemonSet *unstructure
 	if n.dpKubeconfig, err = n.s.identity(ctx, daemonSet, n.cfg.Name, devicePluginPaths(n)); err != nil {
 		return err
 	}
-	n.startDevicePlugin()
+	api, err := url.Parse(n.s.cp.Config.Host)
+	if err != nil {
+		return err
+	}
+	if n.apiLink, err = newAPILink(api.Host); err != nil {
+		return err
+	}
+	if err := viaLink(n.dpKubeconfig, n.apiLink); err != nil {
+		return err
+	}
+	if err := n.startDevicePlugin(); err != nil {
+		return err
+	}
 	return n.completeInitContainers()
 }
 
@@ -161,21 +179,30 @@ func (n *node) completeInitContainers() error {
 }
 
 // startDevicePlugin runs `dynamig-device-plugin run` in-process on the node's simulated
-// GPUs until the sandbox stops or restartDevicePlugin.
-func (n *node) startDevicePlugin() {
+// GPUs until the sandbox stops or the plugin is restarted or killed. After a kill it serves
+// its metrics on a new port: the killed one may hold its own until it ends.
+func (n *node) startDevicePlugin() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.killed {
+		port, err := kubeletnode.FreePort()
+		if err != nil {
+			return err
+		}
+		n.metricsAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		n.killed = false
+	}
 	args := []string{"run", "--nvml=sim", "--sim-gpus=" + strings.Join(n.cfg.GPUs, ","), "--node-name=" + n.cfg.Name,
 		"--kubeconfig=" + n.dpKubeconfig, "--kubelet-socket-dir=" + n.kubelet.DevicePluginDir, "--metrics-bind-address=" + n.metricsAddr,
 		"--pod-resources-socket=" + n.kubelet.PodResourcesSocket, "--cdi-spec-dir=" + n.kubelet.CDIDir,
 		"--config=" + n.s.deviceConfig}
 	ctx, cancel := context.WithCancel(n.s.ctx)
 	done := make(chan struct{})
-	n.mu.Lock()
 	n.dpCancel, n.dpDone = cancel, done
-	n.mu.Unlock()
 	go func() {
 		defer close(done)
 		out := io.MultiWriter(&n.dpOut, n.s.log)
-		code := app.MainContext(ctx, args, out, out, app.WithNVML(n.gpus))
+		code := app.MainContext(ctx, args, out, out, app.WithNVML(n.gpus), app.WithClock(&n.clock))
 		n.mu.Lock()
 		n.dpCode = code
 		n.mu.Unlock()
@@ -183,6 +210,16 @@ func (n *node) startDevicePlugin() {
 			fmt.Fprintf(n.s.log, "node %s: dynamig-device-plugin run exited %d: %s\n", n.cfg.Name, code, n.dpOut.String())
 		}
 	}()
+	return nil
+}
+
+// killDevicePlugin cancels the device plugin without waiting for it (KillDevicePlugin).
+func (n *node) killDevicePlugin() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.dpCancel()
+	n.dpDone = nil
+	n.killed = true
 }
 
 // restartDevicePlugin stops the node's device plugin and starts a new one on the same
@@ -194,11 +231,15 @@ func (n *node) restartDevicePlugin(ctx context.Context) error {
 	cancel, done := n.dpCancel, n.dpDone
 	n.mu.Unlock()
 	cancel()
-	<-done
+	if done != nil {
+		<-done
+	}
 	if err := n.waitAllocatable(ctx, func(q int64) bool { return q == 0 }); err != nil {
 		return fmt.Errorf("node %s: the kubelet did not see the device plugin go: %w", n.cfg.Name, err)
 	}
-	n.startDevicePlugin()
+	if err := n.startDevicePlugin(); err != nil {
+		return err
+	}
 	if err := n.waitAllocatable(ctx, func(q int64) bool { return q > 0 }); err != nil {
 		return fmt.Errorf("node %s: the Node does not advertise the restarted plugin's devices: %w", n.cfg.Name, err)
 	}
@@ -242,7 +283,9 @@ func (n *node) reboot(ctx context.Context) error {
 	cancel, done := n.dpCancel, n.dpDone
 	n.mu.Unlock()
 	cancel()
-	<-done
+	if done != nil {
+		<-done
+	}
 	n.kubelet.StopKubelet()
 	for _, g := range n.gpus.Snapshot() {
 		for _, gi := range g.GpuInstances {
@@ -265,7 +308,9 @@ func (n *node) reboot(ctx context.Context) error {
 	if err := n.kubelet.RestartKubelet(); err != nil {
 		return err
 	}
-	n.startDevicePlugin()
+	if err := n.startDevicePlugin(); err != nil {
+		return err
+	}
 	return n.waitReadySince(ctx, restarted)
 }
 
@@ -356,6 +401,9 @@ func (n *node) stop() {
 	}
 	if n.informers != nil {
 		n.informers.Shutdown()
+	}
+	if n.apiLink != nil {
+		n.apiLink.close()
 	}
 	if n.kubelet != nil {
 		n.kubelet.Stop()

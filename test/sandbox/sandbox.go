@@ -403,6 +403,9 @@ func (s *Sandbox) ControlPlane() *cluster.ControlPlane { return s.cp }
 // SchedulerMetrics is the URL serving the DynamicMIG plugin's metrics.
 func (s *Sandbox) SchedulerMetrics() string { return s.schedulerMetrics }
 
+// SchedulerConfigFile is the scheduler's KubeSchedulerConfiguration (the manifest's).
+func (s *Sandbox) SchedulerConfigFile() string { return s.schedulerConfig }
+
 // DeviceConfigFile is the device-config.yaml the scheduler and every device plugin use.
 func (s *Sandbox) DeviceConfigFile() string { return s.deviceConfig }
 
