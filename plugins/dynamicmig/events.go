@@ -88,6 +88,41 @@ func (pl *DynamicMIG) onLeaseEvent(_, newObj any) {
 	}
 }
 
+// onNodeEvent activates the pending GPU pods when a node's allocatable count of GPU devices
+// grows: a device plugin registered again (after a restart the kubelet advertises none for
+// a moment), or a GPU node joined. kube-scheduler's NodeResourcesFit refused them while it
+// was zero and would requeue them itself, but its QueueingHint judges the fit without the
+// resources its args ignore, so a pod that asks for nvidia.com/gpumem, which no node
+// advertises, is never requeued by it: it would wait for the five-minute flush of
+// unschedulable pods.
+func (pl *DynamicMIG) onNodeEvent(oldObj, newObj any) {
+	n, ok := newObj.(*v1.Node)
+	if !ok {
+		return
+	}
+	count := v1.ResourceName(pl.args.ResourceCountName)
+	now := n.Status.Allocatable[count]
+	if now.IsZero() {
+		return
+	}
+	if old, ok := oldObj.(*v1.Node); ok {
+		if before := old.Status.Allocatable[count]; before.Cmp(now) >= 0 {
+			return
+		}
+	}
+	pods := map[string]*v1.Pod{}
+	for _, nn := range pl.pending.names() {
+		if p, err := pl.podLister.Pods(nn[0]).Get(nn[1]); err == nil && p.Spec.NodeName == "" {
+			pods[nn[0]+"/"+nn[1]] = p
+		}
+	}
+	if len(pods) > 0 {
+		logger := klog.Background().WithName(Name)
+		logger.V(4).Info("A node's GPU devices grew; activating pending GPU pods", "node", klog.KObj(n), "devices", now.String(), "pods", len(pods))
+		pl.handle.Activate(logger, pods)
+	}
+}
+
 func (pl *DynamicMIG) onLeaseAdd(obj any)               { pl.onLeaseEvent(nil, obj) }
 func (pl *DynamicMIG) onLeaseUpdate(oldObj, newObj any) { pl.onLeaseEvent(oldObj, newObj) }
 func (pl *DynamicMIG) onLeaseDelete(obj any) {

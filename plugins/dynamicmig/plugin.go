@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	coordinationinformers "k8s.io/client-go/informers/coordination/v1"
 	clientset "k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -69,6 +70,7 @@ type DynamicMIG struct {
 	// heartbeatWaiters are pods refused because a node's device plugin heartbeat expired;
 	// they are activated when a heartbeat is renewed.
 	heartbeatWaiters sync.Map // types.UID → *v1.Pod
+	podLister        corelisters.PodLister
 }
 
 // New builds the plugin from its args (a *config.DynamicMIGArgs, or the raw args of the
@@ -117,6 +119,13 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 	}
 	factory := h.SharedInformerFactory()
 	collector.setSource(pl, factory.Core().V1().Nodes().Lister(), factory.Core().V1().Pods().Lister())
+	pl.podLister = factory.Core().V1().Pods().Lister()
+	if _, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { pl.onNodeEvent(nil, obj) },
+		UpdateFunc: pl.onNodeEvent,
+	}); err != nil {
+		return nil, fmt.Errorf("%s: watching nodes: %w", Name, err)
+	}
 	// Drop in-flight reservations and scheduling attempts of deleted pods. Bound pods'
 	// reservations are dropped when a NodeInfo shows the pod with its annotation
 	// (addOccupancy): dropping them on the informer's update could race the scheduler cache,

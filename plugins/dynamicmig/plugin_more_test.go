@@ -488,3 +488,39 @@ func TestNominatedPodsTakeRoom(t *testing.T) {
 		t.Errorf("with the preemptor nominated for the whole GPU, the pod must not fit: %v", st)
 	}
 }
+
+// TestNodeDevicesBackActivatePendingPods: a GPU pod refused while a node advertised no GPU
+// devices (its device plugin restarting) is activated when the node's allocatable count
+// grows again; kube-scheduler's own hint never requeues a pod that asks for gpumem. A node
+// update that does not grow the count activates nothing.
+func TestNodeDevicesBackActivatePendingPods(t *testing.T) {
+	node := gpuNode(t, "n", api.ModeMIG, "A100-40GB")
+	e := newEnv(t, nil, []*v1.Node{node})
+	full := gpuPod("full", api.ModeMIG, [2]int{1, 40000})
+	if p, _ := e.schedule(full); p == nil {
+		t.Fatal("the whole GPU")
+	}
+	pod := gpuPod("p", api.ModeMIG, [2]int{1, 4000})
+	if p, _ := e.schedule(pod); p != nil {
+		t.Fatal("the GPU is taken: p must be refused")
+	}
+	update := func(devices int64) {
+		n, err := e.client.CoreV1().Nodes().Get(e.ctx, "n", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Status.Allocatable[api.ResourceCount] = *resource.NewQuantity(devices, resource.DecimalSI)
+		if _, err := e.client.CoreV1().Nodes().UpdateStatus(e.ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e.activator.waitFor(t, "default/p", func() { update(0) }) {
+		t.Error("devices going away activated the pod")
+	}
+	if !e.activator.waitFor(t, "default/p", func() { update(7) }) {
+		t.Error("devices coming back did not activate the pending pod")
+	}
+	if e.activator.waitFor(t, "default/full", func() {}) {
+		t.Error("a bound pod was activated")
+	}
+}

@@ -488,16 +488,27 @@ func TestFaults(t *testing.T) {
 		w.done("on-lost", "beside", "beside2")
 	})
 
-	// A node's device plugin is gone: its heartbeat expires, no new pod is sent to the
-	// node (a Pending pod says why), and the pod running there keeps running; a plugin
+	// A node's device plugin is gone. First it is cut off from the API server while the
+	// kubelet still advertises its devices (a hung plugin): its heartbeat expires and no new
+	// pod is sent to the node, a Pending pod saying why. Then it is killed (the kubelet stops
+	// advertising the devices). The pod running there keeps running throughout, and a plugin
 	// started again takes the Pending pod.
 	t.Run("device plugin gone", func(t *testing.T) {
 		w := w.on(t)
 		w.create(pod("stays", "gone", 9000))
 		r := w.running("stays", 60*time.Second)
-		if err := w.sb.KillDevicePlugin(w.ctx, "gone"); err != nil {
+		if err := w.sb.CutAPI("gone", true); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = w.sb.CutAPI("gone", false) })
+		w.waitFor("the heartbeat to expire", 90*time.Second, func() (bool, string) {
+			l, err := w.c.CoordinationV1().Leases(api.DefaultSystemNamespace).Get(w.ctx, api.HeartbeatLeaseName("gone"), metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			age := time.Since(l.Spec.RenewTime.Time)
+			return age > time.Duration(*l.Spec.LeaseDurationSeconds+1)*time.Second, fmt.Sprintf("renewed %v ago", age)
+		})
 		w.create(pod("waits", "gone", 9000))
 		w.waitFor("the new pod Pending for the expired heartbeat", 90*time.Second, func() (bool, string) {
 			p := w.get("waits")
@@ -511,6 +522,14 @@ func TestFaults(t *testing.T) {
 			}
 			return false, fmt.Sprint(p.Status.Conditions)
 		})
+		if err := w.sb.KillDevicePlugin(w.ctx, "gone"); err != nil {
+			t.Fatal(err)
+		}
+		_ = w.sb.CutAPI("gone", false)
+		time.Sleep(5 * time.Second)
+		if p := w.get("waits"); p.Spec.NodeName != "" {
+			t.Fatalf("waits was bound to %s, whose device plugin is gone", p.Spec.NodeName)
+		}
 		if p := w.get("stays"); p.Status.Phase != v1.PodRunning {
 			t.Errorf("the pod on the node is %s", p.Status.Phase)
 		}
@@ -520,7 +539,7 @@ func TestFaults(t *testing.T) {
 		if err := w.sb.StartDevicePlugin(w.ctx, "gone"); err != nil {
 			t.Fatal(err)
 		}
-		w.running("waits", 90*time.Second)
+		w.running("waits", 30*time.Second) // well before the five-minute flush of unschedulable pods
 		w.settled()
 		w.done("stays", "waits")
 	})
