@@ -192,6 +192,7 @@ func TestDecodeMigReservationsErrors(t *testing.T) {
 		{"partial runtime ids", `[` + rec(`,"gpuInstanceID":1,"computeInstanceID":0`) + `]`, []string{"runtime identity must be complete"}},
 		{"bad mig uuid", `[` + rec(`,"migUUID":"GPU-1","gpuInstanceID":1,"computeInstanceID":0`) + `]`, []string{"[0].migUUID", "MIG-"}},
 		{"duplicate key", `[` + rec(``) + `,{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-2","profile":"1g.5gb","placement":{"start":0,"size":1}}]`, []string{"[1]: Duplicate", "containerIndex 0, deviceIndex 0"}},
+		{"too many", `[` + strings.Repeat(rec(``)+`,`, 128) + rec(``) + `]`, []string{"hami.io/vgpu-mig-allocations", "129", "at most 128"}},
 		{"overlap", `[{"deviceIndex":0,"gpuUUID":"GPU-1","profile":"3g.20gb","placement":{"start":0,"size":4}},{"deviceIndex":1,"gpuUUID":"GPU-1","profile":"2g.10gb","placement":{"start":2,"size":2}}]`, []string{"[1].placement", "[2,4)", "overlaps record 0's [0,4)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

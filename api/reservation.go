@@ -49,9 +49,17 @@ func (r *MigReservation) SetRuntime(migUUID string, gpuInstanceID, computeInstan
 
 var reservationsPath = field.NewPath(MigReservationsAnnotation)
 
+// MaxDevicesPerPod bounds the GPU devices of one pod, so its reservations: a pod's devices
+// are on one node, and a node holds at most 16 GPUs of at most 7 MIG instances each (112).
+// Validation compares records pairwise, so no annotation may make it costly.
+const MaxDevicesPerPod = 128
+
 // DecodeMigReservations decodes and validates a pod's MIG reservations annotation.
 func DecodeMigReservations(raw string) ([]MigReservation, error) {
 	recs, errs := decodeArray[MigReservation](reservationsPath, raw)
+	if len(recs) > MaxDevicesPerPod {
+		return nil, field.ErrorList{field.TooMany(reservationsPath, len(recs), MaxDevicesPerPod)}.ToAggregate()
+	}
 	if len(errs) == 0 {
 		errs = ValidateMigReservations(recs)
 	}

@@ -306,30 +306,59 @@ func TestContainersInAnyOrderAndLostWriteBack(t *testing.T) {
 	}
 }
 
+// resign edits the reservation and signs it again with the scheduler's key.
+func resign(edit func(e *env, p *v1.Pod)) func(e *env, p *v1.Pod) {
+	return func(e *env, p *v1.Pod) {
+		edit(e, p)
+		_ = api.SignReservation(e.key, string(p.UID), p.Spec.NodeName, p.Annotations)
+	}
+}
+
 func TestForgedAndTamperedReservations(t *testing.T) {
 	// Tampered, unsigned, or signed by a key the plugin does not accept: none creates
 	// anything; the pod is failed with the reason, told in a Warning event, and evicted.
 	for _, tc := range []struct {
 		name    string
-		edit    func(p *v1.Pod)
+		edit    func(e *env, p *v1.Pod)
 		wantErr string
 	}{
-		{"placement edited", func(p *v1.Pod) {
+		{"placement edited", func(e *env, p *v1.Pod) {
 			p.Annotations[api.MigReservationsAnnotation] = strings.Replace(p.Annotations[api.MigReservationsAnnotation], `"start":0`, `"start":2`, 1)
 		}, "pod default/p: the signature of key"},
-		{"unsigned", func(p *v1.Pod) { delete(p.Annotations, api.ReservationSignatureAnnotation) }, "pod default/p carries no dynamig.io/reservation-signature"},
-		{"wrong key", func(p *v1.Pod) {
+		{"unsigned", func(e *env, p *v1.Pod) { delete(p.Annotations, api.ReservationSignatureAnnotation) }, "pod default/p carries no dynamig.io/reservation-signature"},
+		{"wrong key", func(e *env, p *v1.Pod) {
 			k, _ := signing.GenerateKey()
 			_ = api.SignReservation(k, string(p.UID), p.Spec.NodeName, p.Annotations)
 		}, "which is not in ConfigMap"},
-		{"signed for another node", func(p *v1.Pod) { p.Spec.NodeName = "elsewhere" }, "the signature of key"},
+		{"signed for another node", func(e *env, p *v1.Pod) { p.Spec.NodeName = "elsewhere" }, "the signature of key"},
+		// A valid signature replayed from another pod: the signed payload names that pod's UID.
+		{"signature of another pod", func(e *env, p *v1.Pod) {
+			_ = api.SignReservation(e.key, "another-pod-uid", p.Spec.NodeName, p.Annotations)
+		}, "the signature of key"},
+		// Signed with the scheduler's key (a scheduler bug, or a stolen key) but naming what
+		// this node does not have or what cannot exist: refused before anything is created.
+		{"another node's GPU", resign(func(e *env, p *v1.Pod) {
+			p.Annotations[api.MigReservationsAnnotation] = strings.Replace(p.Annotations[api.MigReservationsAnnotation], e.gpu, "GPU-00000000-0000-0000-0000-000000000000", 1)
+		}), "GPU-00000000-0000-0000-0000-000000000000"},
+		{"placement that does not exist", resign(func(e *env, p *v1.Pod) {
+			p.Annotations[api.MigReservationsAnnotation] = strings.Replace(p.Annotations[api.MigReservationsAnnotation], `"start":0`, `"start":1`, 1)
+		}), "[1,3)"},
+		{"malformed annotation", resign(func(e *env, p *v1.Pod) { p.Annotations[api.MigReservationsAnnotation] = `[{"containerIndex":0,` }), api.MigReservationsAnnotation},
+		{"negative index", resign(func(e *env, p *v1.Pod) {
+			p.Annotations[api.MigReservationsAnnotation] = strings.Replace(p.Annotations[api.MigReservationsAnnotation], `"deviceIndex":0`, `"deviceIndex":-1`, 1)
+		}), "deviceIndex"},
+		// Validation compares records pairwise: 2000 cost seconds before the bound.
+		{"2000 reservations for one device", resign(func(e *env, p *v1.Pod) {
+			one := strings.Trim(p.Annotations[api.MigReservationsAnnotation], "[]")
+			p.Annotations[api.MigReservationsAnnotation] = "[" + strings.Repeat(one+",", 1999) + one + "]"
+		}), "must have at most 128 items"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			p := e.pod("p", pls(at(0, 2)))
 			ids := e.admit(p, "c0", 1)
 			pod := e.get("p")
-			tc.edit(pod)
+			tc.edit(e, pod)
 			pod.Spec.NodeName = node // bound here in every case; only the signed node differs
 			if tc.name == "signed for another node" {
 				_ = api.SignReservation(e.key, string(pod.UID), "elsewhere", pod.Annotations)

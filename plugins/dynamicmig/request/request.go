@@ -34,9 +34,8 @@ type Request struct {
 // each cycle and PreFilter keys the fit cache by it, so no pod may make either costly; each
 // bound is far above any real request.
 const (
-	// maxDevices bounds the count resource per container and per pod: a pod's devices are on
-	// one node, and a node holds at most 16 GPUs of at most 7 MIG instances each (112).
-	maxDevices = 128
+	// maxDevices bounds the count resource per container and per pod.
+	maxDevices = api.MaxDevicesPerPod
 	// maxMemoryMiB bounds the memory resource per device: 16 TiB, far above any GPU's memory,
 	// keeps arithmetic on it far from overflowing.
 	maxMemoryMiB = 1 << 24
