@@ -31,6 +31,7 @@ import (
 	"github.com/dynamig/dynamig/deviceplugin/instances"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
 	"github.com/dynamig/dynamig/deviceplugin/podresources"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/request"
 	"github.com/dynamig/dynamig/signing"
 )
 
@@ -187,7 +188,7 @@ func (a *Allocator) preStart(ctx context.Context, deviceIDs []string) (*containe
 	}
 	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod), "container", owner.Container)
 	ctx = klog.NewContext(ctx, logger)
-	idx, ok := containerIndex(pod, owner.Container)
+	idx, ok := request.ContainerIndex(pod, owner.Container)
 	if !ok {
 		return nil, because(reasonAttribution, fmt.Errorf("pod %s/%s has no container %q that PodResources names", pod.Namespace, pod.Name, owner.Container))
 	}
@@ -235,22 +236,6 @@ func (a *Allocator) pod(ctx context.Context, o podresources.Owner) (*v1.Pod, err
 		return nil, fmt.Errorf("pod %s/%s is bound to %q, not this node %s", o.Namespace, o.Pod, p.Spec.NodeName, a.opts.NodeName)
 	}
 	return p, nil
-}
-
-// containerIndex is the container's index in the reservation's numbering: init containers
-// first, then the regular ones.
-func containerIndex(p *v1.Pod, name string) (int, bool) {
-	for i, c := range p.Spec.InitContainers {
-		if c.Name == name {
-			return i, true
-		}
-	}
-	for i, c := range p.Spec.Containers {
-		if c.Name == name {
-			return len(p.Spec.InitContainers) + i, true
-		}
-	}
-	return 0, false
 }
 
 // writeSpecs writes one CDI spec per device ID, each with the container's whole edits: the

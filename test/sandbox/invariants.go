@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/request"
 )
 
 // Invariant is one of dynamig's promises, checked against the API server, every node's
@@ -129,7 +130,7 @@ func (s *Sandbox) CheckInvariants(ctx context.Context, opts CheckOptions) ([]Vio
 			if cs.State.Running == nil {
 				continue
 			}
-			idx, ok := containerIndex(p, cs.Name)
+			idx, ok := request.ContainerIndex(p, cs.Name)
 			if !ok {
 				continue
 			}
@@ -196,20 +197,4 @@ func (s *Sandbox) WaitInvariants(ctx context.Context, timeout time.Duration, for
 	}
 	slices.Sort(lines)
 	return fmt.Errorf("invariants broken after %v:\n  %s", timeout, strings.Join(lines, "\n  "))
-}
-
-// containerIndex is the container's index in the reservation numbering: init containers
-// first, then the regular ones.
-func containerIndex(p *v1.Pod, name string) (int, bool) {
-	for i, c := range p.Spec.InitContainers {
-		if c.Name == name {
-			return i, true
-		}
-	}
-	for i, c := range p.Spec.Containers {
-		if c.Name == name {
-			return len(p.Spec.InitContainers) + i, true
-		}
-	}
-	return 0, false
 }

@@ -273,3 +273,19 @@ func list(key, s string, maxEntries int) ([]string, error) {
 	}
 	return out, nil
 }
+
+// ContainerIndex is the named container's index in the numbering of requests and
+// reservations: init containers first, then the regular ones.
+func ContainerIndex(p *v1.Pod, name string) (int, bool) {
+	for i, c := range p.Spec.InitContainers {
+		if c.Name == name {
+			return i, true
+		}
+	}
+	for i, c := range p.Spec.Containers {
+		if c.Name == name {
+			return len(p.Spec.InitContainers) + i, true
+		}
+	}
+	return 0, false
+}
