@@ -26,6 +26,7 @@ FUZZ_TARGETS := \
 	./config:FuzzDecodeDynamicMIGArgs:20000x \
 	./config:FuzzDynamicMIGArgsOf \
 	./deviceplugin/podresources:FuzzOwner \
+	./test/sandbox/sandboxconfig:FuzzParseConfig:50000x \
 	./plugins/dynamicmig/request:FuzzParsePod \
 	./deviceplugin/checkpoint:FuzzDecode \
 	./nvml/sim:FuzzParseGPUList \

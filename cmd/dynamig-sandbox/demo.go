@@ -15,6 +15,7 @@ import (
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/test/sandbox"
+	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 )
 
 // runDemo starts the default world, applies the example pods, waits until they run with
@@ -38,7 +39,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	cfg := sandbox.DefaultConfig()
+	cfg := sandboxconfig.DefaultConfig()
 	s, code := startSandbox(ctx, cfg, *install, *kubelet, logw, stderr)
 	if s == nil {
 		return code

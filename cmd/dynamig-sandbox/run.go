@@ -18,6 +18,7 @@ import (
 
 	"github.com/dynamig/dynamig/test/kubeletnode"
 	"github.com/dynamig/dynamig/test/sandbox"
+	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 )
 
 // Exit codes.
@@ -47,9 +48,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if code, ok := parseFlags(fs, args, stderr, "Flags:"); !ok {
 		return code
 	}
-	cfg := sandbox.DefaultConfig()
+	cfg := sandboxconfig.DefaultConfig()
 	if *configPath != "" {
-		c, err := sandbox.LoadConfig(*configPath)
+		c, err := sandboxconfig.LoadConfig(*configPath)
 		if err != nil {
 			fmt.Fprintf(stderr, "Error: %v\n", err)
 			return exitUsage
@@ -93,7 +94,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // startSandbox starts the sandbox; on failure it reports and returns the exit code.
-func startSandbox(ctx context.Context, cfg sandbox.Config, install, kubelet string, logw io.Writer, stderr io.Writer) (*sandbox.Sandbox, int) {
+func startSandbox(ctx context.Context, cfg sandboxconfig.Config, install, kubelet string, logw io.Writer, stderr io.Writer) (*sandbox.Sandbox, int) {
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return nil, exitUsage

@@ -33,6 +33,7 @@ import (
 	"github.com/dynamig/dynamig/manifests"
 	"github.com/dynamig/dynamig/signing"
 	"github.com/dynamig/dynamig/test/sandbox"
+	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 )
 
 const (
@@ -72,28 +73,28 @@ type world struct {
 	c   kubernetes.Interface
 }
 
-func start(t *testing.T, nodes ...sandbox.NodeConfig) *world {
+func start(t *testing.T, nodes ...sandboxconfig.NodeConfig) *world {
 	t.Helper()
 	return startWith(t, install, nodes...)
 }
 
 // startWith starts a sandbox that installs the manifest at installFile.
-func startWith(t *testing.T, installFile string, nodes ...sandbox.NodeConfig) *world {
+func startWith(t *testing.T, installFile string, nodes ...sandboxconfig.NodeConfig) *world {
 	t.Helper()
-	cfg := sandbox.DefaultConfig()
+	cfg := sandboxconfig.DefaultConfig()
 	if len(nodes) > 0 {
-		cfg = sandbox.Config{Nodes: nodes}
+		cfg = sandboxconfig.Config{Nodes: nodes}
 	}
 	return startSandbox(t, installFile, cfg)
 }
 
 // startConfig starts a sandbox of cfg installed from manifests/install.yaml.
-func startConfig(t *testing.T, cfg sandbox.Config) *world {
+func startConfig(t *testing.T, cfg sandboxconfig.Config) *world {
 	t.Helper()
 	return startSandbox(t, install, cfg)
 }
 
-func startSandbox(t *testing.T, installFile string, cfg sandbox.Config) *world {
+func startSandbox(t *testing.T, installFile string, cfg sandboxconfig.Config) *world {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	sctx, scancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -107,8 +108,8 @@ func startSandbox(t *testing.T, installFile string, cfg sandbox.Config) *world {
 	return &world{t: t, ctx: ctx, sb: sb, c: sb.Client()}
 }
 
-func mig(name string, gpus ...string) sandbox.NodeConfig {
-	return sandbox.NodeConfig{Name: name, Mode: api.ModeMIG, GPUs: gpus}
+func mig(name string, gpus ...string) sandboxconfig.NodeConfig {
+	return sandboxconfig.NodeConfig{Name: name, Mode: api.ModeMIG, GPUs: gpus}
 }
 
 // pod is a GPU pod for dynamig-scheduler: devices × MiB each, in mode, with annotations.
@@ -544,7 +545,7 @@ func TestSmallestProfileAcrossModels(t *testing.T) {
 		{"b200", "B200-180GB", "1g.23gb"},
 		{"rtx", "RTX-PRO-6000-Blackwell-Server", "1g.24gb"},
 	}
-	var nodes []sandbox.NodeConfig
+	var nodes []sandboxconfig.NodeConfig
 	for _, c := range cases {
 		nodes = append(nodes, mig(c.node, c.model))
 	}
@@ -971,7 +972,7 @@ func (w *world) realisedEvents(recs map[string][]api.MigReservation) {
 }
 
 func TestManyPodsAcrossNodes(t *testing.T) {
-	var nodes []sandbox.NodeConfig
+	var nodes []sandboxconfig.NodeConfig
 	for i := 0; i < 10; i++ {
 		nodes = append(nodes, mig(fmt.Sprintf("n%d", i), "A100-40GB", "A100-40GB", "A100-40GB"))
 	}

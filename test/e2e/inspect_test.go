@@ -19,7 +19,7 @@ import (
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/inspect"
-	"github.com/dynamig/dynamig/test/sandbox"
+	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 )
 
 // pinned is a GPU pod that only node's selector admits.
@@ -53,7 +53,7 @@ func TestExplainMatchesScheduler(t *testing.T) {
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	w := startConfig(t, sandbox.Config{DeviceConfig: devCfg, Nodes: []sandbox.NodeConfig{
+	w := startConfig(t, sandboxconfig.Config{DeviceConfig: devCfg, Nodes: []sandboxconfig.NodeConfig{
 		mig("frag", "A100-40GB"), mig("me", "RTX-PRO-6000-Blackwell-Server"), {Name: "core", Mode: api.ModeHAMiCore, GPUs: []string{"A100-40GB"}}}})
 	w.staleNode("gone", "frag")
 
@@ -142,7 +142,7 @@ func TestExplainMatchesScheduler(t *testing.T) {
 // TestSimulateMatchesScheduler: kubectl dynamig simulate predicts, for pods not created yet,
 // the node, profile, placement and GPU the scheduler then gives each, and which fit nowhere.
 func TestSimulateMatchesScheduler(t *testing.T) {
-	w := startConfig(t, sandbox.Config{Nodes: []sandbox.NodeConfig{
+	w := startConfig(t, sandboxconfig.Config{Nodes: []sandboxconfig.NodeConfig{
 		mig("a100", "A100-40GB"), mig("h100", "H100-80GB"), {Name: "core", Mode: api.ModeHAMiCore, GPUs: []string{"A100-40GB"}}}})
 	w.create(pinned("old", api.ModeMIG, 19000, "a100"))
 	w.running("old")

@@ -26,6 +26,7 @@ import (
 	"github.com/dynamig/dynamig/nvml"
 	"github.com/dynamig/dynamig/nvml/sim"
 	"github.com/dynamig/dynamig/test/sandbox"
+	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 )
 
 const install = "../../manifests/install.yaml"
@@ -44,12 +45,12 @@ type world struct {
 	c   kubernetes.Interface
 }
 
-func start(t *testing.T, nodes ...sandbox.NodeConfig) *world {
+func start(t *testing.T, nodes ...sandboxconfig.NodeConfig) *world {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	sctx, scancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer scancel()
-	sb, err := sandbox.Start(sctx, sandbox.Options{Config: sandbox.Config{Nodes: nodes}, Install: install})
+	sb, err := sandbox.Start(sctx, sandbox.Options{Config: sandboxconfig.Config{Nodes: nodes}, Install: install})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -61,8 +62,8 @@ func start(t *testing.T, nodes ...sandbox.NodeConfig) *world {
 // on is w for a subtest.
 func (w *world) on(t *testing.T) *world { return &world{t: t, ctx: w.ctx, sb: w.sb, c: w.c} }
 
-func mig(name string, gpus ...string) sandbox.NodeConfig {
-	return sandbox.NodeConfig{Name: name, Mode: api.ModeMIG, GPUs: gpus}
+func mig(name string, gpus ...string) sandboxconfig.NodeConfig {
+	return sandboxconfig.NodeConfig{Name: name, Mode: api.ModeMIG, GPUs: gpus}
 }
 
 // pod is a one-device MIG pod of memory MiB for node.

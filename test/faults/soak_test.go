@@ -29,6 +29,7 @@ import (
 	"github.com/dynamig/dynamig/nvml"
 	"github.com/dynamig/dynamig/nvml/sim"
 	"github.com/dynamig/dynamig/test/sandbox"
+	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 )
 
 var (
@@ -43,7 +44,7 @@ var (
 // the end, once the faults are undone, that every invariant holds and every Pending pod is
 // Pending for a reason that is true (kubectl dynamig explain's judgement: no node fits it).
 func TestSoak(t *testing.T) {
-	nodes := []sandbox.NodeConfig{
+	nodes := []sandboxconfig.NodeConfig{
 		mig("m0", "A100-40GB", "A100-40GB"), mig("m1", "A100-40GB", "A100-40GB"), mig("m2", "A100-40GB"),
 		mig("m3", "A100-80GB"), mig("m4", "A100-80GB", "A100-40GB"), mig("m5", "H100-80GB"), mig("m6", "H100-80GB", "H100-80GB"),
 		mig("m7", "A30-24GB", "A30-24GB"),
@@ -92,7 +93,7 @@ func TestSoak(t *testing.T) {
 
 type soak struct {
 	w     *world
-	nodes []sandbox.NodeConfig
+	nodes []sandboxconfig.NodeConfig
 
 	mu      sync.Mutex
 	rng     *rand.Rand
@@ -342,7 +343,7 @@ var soakFaults = []fault{
 func (s *soak) fireFaults(ctx context.Context, t *testing.T) {
 	for sleep(ctx, time.Duration(1500+s.intn(2500))*time.Millisecond) {
 		f := soakFaults[s.intn(len(soakFaults))]
-		var candidates []sandbox.NodeConfig
+		var candidates []sandboxconfig.NodeConfig
 		for _, n := range s.nodes {
 			if !f.mig || n.Mode == api.ModeMIG {
 				candidates = append(candidates, n)

@@ -27,6 +27,7 @@ import (
 	"github.com/dynamig/dynamig/cmd/dynamig-device-plugin/app"
 	"github.com/dynamig/dynamig/nvml/sim"
 	"github.com/dynamig/dynamig/test/kubeletnode"
+	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 )
 
 // node is one simulated node: the real kubelet (test/kubeletnode, on a fake CRI runtime
@@ -34,7 +35,7 @@ import (
 // registers.
 type node struct {
 	s           *Sandbox
-	cfg         NodeConfig
+	cfg         sandboxconfig.NodeConfig
 	dir         string // the node's own directory (kubelet, runtime, device-plugin sockets)
 	metricsAddr string
 	resource    string // the count resource name (nvidia.com/gpu)
@@ -60,7 +61,7 @@ type node struct {
 	gpuUUIDs []string
 }
 
-func (s *Sandbox) newNode(cfg NodeConfig) (*node, error) {
+func (s *Sandbox) newNode(cfg sandboxconfig.NodeConfig) (*node, error) {
 	n := &node{s: s, cfg: cfg, resource: s.devCfg.Nvidia.ResourceCountName}
 	var err error
 	// A short path: unix socket paths are limited to 108 bytes.

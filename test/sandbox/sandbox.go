@@ -37,13 +37,14 @@ import (
 	"github.com/dynamig/dynamig/plugins/dynamicmig"
 	"github.com/dynamig/dynamig/test/cluster"
 	"github.com/dynamig/dynamig/test/kubeletnode"
+	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 	dynamigwebhook "github.com/dynamig/dynamig/webhook"
 )
 
 // Options configure a sandbox.
 type Options struct {
 	// Config is the world to simulate; see DefaultConfig.
-	Config Config
+	Config sandboxconfig.Config
 	// Install is the manifest to install (DefaultInstall, manifests/install.yaml, relative to
 	// the repository root, when ""). Its device ConfigMap is given the sandbox's device
 	// config, and its webhook configuration the in-process webhook's URL.
@@ -131,7 +132,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 			s.Stop()
 		}
 	}()
-	devCfg, devCfgYAML, err := opts.Config.deviceConfig()
+	devCfg, devCfgYAML, err := opts.Config.DeviceConfigYAML()
 	if err != nil {
 		return nil, err
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/test/sandbox"
+	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 )
 
 // Config is one burst.
@@ -62,7 +63,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		gpus[i] = cfg.Model
 	}
 	sb, err := sandbox.Start(ctx, sandbox.Options{
-		Config:  sandbox.Config{Nodes: []sandbox.NodeConfig{{Name: node, Mode: api.ModeMIG, GPUs: gpus}}},
+		Config:  sandboxconfig.Config{Nodes: []sandboxconfig.NodeConfig{{Name: node, Mode: api.ModeMIG, GPUs: gpus}}},
 		Install: cfg.Install, CreateLatency: cfg.CreateLatency,
 	})
 	if err != nil {

@@ -1,4 +1,7 @@
-package sandbox
+// Package sandboxconfig is the sandbox's world: its simulated nodes and device config, as a user
+// writes them in a sandbox config file (dynamig-sandbox --config). It links no cluster code,
+// so its decoder is fuzzed on its own.
+package sandboxconfig
 
 import (
 	"bytes"
@@ -154,10 +157,10 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// deviceConfig is the device config the sandbox hands to the scheduler and to every
+// DeviceConfigYAML is the device config the sandbox hands to the scheduler and to every
 // node's device plugin: the user's (or the defaults) with a nodeconfig entry per sandbox
 // node whose operatingmode is the node's mode. It returns the YAML to write.
-func (c *Config) deviceConfig() (*config.DeviceConfig, []byte, error) {
+func (c *Config) DeviceConfigYAML() (*config.DeviceConfig, []byte, error) {
 	cfg, err := config.LoadDeviceConfig(c.DeviceConfig)
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox config: deviceConfig: %w", err)
