@@ -120,12 +120,18 @@ func (s *soak) intn(n int) int {
 	return s.rng.IntN(n)
 }
 
+// maxSoakPods bounds the pods the soak keeps: beyond it, a create becomes a delete, so the
+// cluster stays busy without a queue of Pending pods growing for the whole run.
+const maxSoakPods = 90
+
 // churn creates, deletes and ends pods until ctx ends.
 func (s *soak) churn(ctx context.Context, t *testing.T) {
 	for ctx.Err() == nil {
 		switch r := s.intn(100); {
-		case r < 55:
+		case r < 55 && len(s.pods(ctx)) < maxSoakPods:
 			s.createPod(ctx, t)
+		case r < 55:
+			s.deletePod(ctx)
 		case r < 85:
 			s.deletePod(ctx)
 		default:
