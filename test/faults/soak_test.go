@@ -76,6 +76,7 @@ func TestSoak(t *testing.T) {
 	s.undo()
 	if err := w.sb.WaitInvariants(w.ctx, 3*time.Minute, nil); err != nil {
 		s.violations.Add(1)
+		s.found = append(s.found, err.Error())
 		t.Error(err)
 	}
 	s.checkPending(t)
@@ -109,6 +110,7 @@ type soak struct {
 
 	checks     atomic.Int64
 	violations atomic.Int64
+	found      []string // what the settled check found broken
 	pendingOK  int
 }
 
@@ -489,6 +491,9 @@ func (s *soak) report() string {
 	sort.Strings(kinds)
 	fmt.Fprintf(&b, "faults fired %d: %s\n", total, strings.Join(kinds, ", "))
 	fmt.Fprintf(&b, "invariant checks %d while running, then settled; violations: %d\n", s.checks.Load(), s.violations.Load())
+	for _, f := range s.found {
+		fmt.Fprintf(&b, "%s\n", f)
+	}
 	return b.String()
 }
 
