@@ -87,7 +87,7 @@ lint:
 SOAK_DURATION ?= 20m
 SOAK_SEED ?= 1
 soak: $(KUBELET)
-	$(GO) test -count=1 -timeout 90m -run '^TestSoak$$' ./test/faults -args -soak.duration=$(SOAK_DURATION) -soak.seed=$(SOAK_SEED) -soak.report=$(abspath docs/reliability-soak.txt)
+	$(GO) test -count=1 -timeout 90m -run '^TestSoak$$' ./test/faults -args -soak.duration=$(SOAK_DURATION) -soak.seed=$(SOAK_SEED) -soak.plugin-stops -soak.report=$(abspath docs/reliability-soak.txt)
 
 # The in-process sandbox (etcd, kube-apiserver, dynamig-scheduler, simulated GPU nodes with
 # the real device plugin): apply examples/, wait until both pods run with realised MIG

@@ -347,7 +347,11 @@ func (a *Allocator) realiseOne(ctx context.Context, pod *v1.Pod, r api.MigReserv
 	// restart, or a kubelet or plugin restart, adopts it.
 	if e, ok := a.opts.Checkpoint.Get(key); ok {
 		if e.State == checkpoint.Created {
-			if in, found := a.find(r.GPUUUID, e); found {
+			in, found, err := a.find(r.GPUUUID, e)
+			if err != nil {
+				return made{}, because(reasonCreate, fmt.Errorf("%s: %w", which, err))
+			}
+			if found {
 				return made{Instance: in, containerIndex: r.ContainerIndex, deviceIndex: r.DeviceIndex}, nil
 			}
 			// Gone (the node rebooted): made again below, at the same placement.
@@ -397,19 +401,20 @@ func (a *Allocator) finishIntent(ctx context.Context, e checkpoint.Entry) error 
 	return a.opts.Checkpoint.Remove(e.Key)
 }
 
-// find looks the checkpoint's instance up in NVML by its complete identity.
-func (a *Allocator) find(gpu string, e checkpoint.Entry) (instances.Instance, bool) {
+// find looks the checkpoint's instance up in NVML by its complete identity. A GPU NVML
+// cannot list (fallen off the bus) is an error, never "gone": its instances may come back.
+func (a *Allocator) find(gpu string, e checkpoint.Entry) (instances.Instance, bool, error) {
 	list, err := a.opts.Instances.List(gpu)
 	if err != nil {
-		return instances.Instance{}, false
+		return instances.Instance{}, false, err
 	}
 	for _, in := range list {
 		if in.Complete && in.GPUInstanceID == e.GPUInstanceID && in.ComputeInstanceID == e.ComputeInstanceID &&
 			in.MigUUID == e.MigUUID && in.Placement == e.Placement && in.Profile == e.Profile {
-			return in, true
+			return in, true, nil
 		}
 	}
-	return instances.Instance{}, false
+	return instances.Instance{}, false, nil
 }
 
 // clearPlacement makes sure nothing occupies the reserved placement: an overlapping

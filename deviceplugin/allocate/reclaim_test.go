@@ -186,3 +186,29 @@ func TestIntentNeverTakesAnotherPodsInstance(t *testing.T) {
 		})
 	}
 }
+
+// TestReclaimKeepsALostGPUsInstances: a pod ends while its GPU is off the bus (every NVML
+// call on it fails). Reclaim cannot see the instance and must not forget it: the
+// checkpoint keeps the entry, and once the GPU is back the instance is destroyed. (Found by
+// the soak: the entry was dropped as "gone", and the instance, back with its GPU, belonged
+// to no one.)
+func TestReclaimKeepsALostGPUsInstances(t *testing.T) {
+	e := newEnv(t)
+	if _, err := e.start(e.admit(e.pod("a", pls(at(0, 2))), "c0", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.CoreV1().Pods("default").Delete(e.ctx, "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.sim.LoseGPU(0)
+	if err := e.a.Reclaim(e.ctx); err == nil {
+		t.Error("reclaim on a lost GPU reported nothing")
+	}
+	if n := len(e.cp.Entries()); n != 1 {
+		t.Fatalf("%d checkpoint entries after reclaim on a lost GPU, want the pod's 1", n)
+	}
+	e.sim.RecoverGPU(0)
+	if err := e.a.Reclaim(e.ctx); err != nil || len(e.gis()) != 0 || len(e.cp.Entries()) != 0 {
+		t.Fatalf("with the GPU back the instance must go: %v, instances %+v, entries %+v", err, e.gis(), e.cp.Entries())
+	}
+}
