@@ -264,7 +264,7 @@ type fault struct {
 	mig  bool // only on MIG nodes
 	// stopsPlugin: it restarts or kills the node's device plugin (soak.plugin-stops).
 	stopsPlugin bool
-	fire func(ctx context.Context, s *soak, node string, gpu int) error
+	fire        func(ctx context.Context, s *soak, node string, gpu int) error
 }
 
 var soakFaults = []fault{
