@@ -118,8 +118,8 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 		return nil, fmt.Errorf("%s: watching Leases: %w", Name, err)
 	}
 	factory := h.SharedInformerFactory()
-	collector.setSource(pl, factory.Core().V1().Nodes().Lister(), factory.Core().V1().Pods().Lister())
 	pl.podLister = factory.Core().V1().Pods().Lister()
+	collector.setSource(pl, factory.Core().V1().Nodes().Lister(), pl.podLister)
 	if _, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { pl.onNodeEvent(nil, obj) },
 		UpdateFunc: pl.onNodeEvent,
