@@ -118,7 +118,10 @@ type soak struct {
 	pendingOK  int
 }
 
-type keptProcess struct{ node, migUUID string }
+type keptProcess struct {
+	node, migUUID string
+	pid           int
+}
 
 func (s *soak) intn(n int) int {
 	s.mu.Lock()
@@ -335,11 +338,12 @@ var soakFaults = []fault{
 			if err != nil || p.Spec.NodeName != node || p.Status.Phase != v1.PodRunning || len(recs) == 0 || !recs[0].Realized() {
 				continue
 			}
-			if err := s.w.sb.GPUs(node).AddProcess(recs[0].MigUUID, 7000+s.intn(1000)); err != nil {
+			pid := 7000 + s.intn(1000)
+			if err := s.w.sb.GPUs(node).AddProcess(recs[0].MigUUID, pid); err != nil {
 				return err
 			}
 			s.mu.Lock()
-			s.keep = append(s.keep, keptProcess{node: node, migUUID: recs[0].MigUUID})
+			s.keep = append(s.keep, keptProcess{node: node, migUUID: recs[0].MigUUID, pid: pid})
 			s.mu.Unlock()
 			return s.w.c.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
 		}
@@ -395,17 +399,8 @@ func (s *soak) undo() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range s.keep {
-		for _, g := range s.w.sb.GPUs(k.node).Snapshot() {
-			for _, gi := range g.GpuInstances {
-				for _, ci := range gi.ComputeInstances {
-					if ci.MigUUID == k.migUUID {
-						for _, pid := range ci.Processes {
-							_ = s.w.sb.GPUs(k.node).RemoveProcess(k.migUUID, pid)
-						}
-					}
-				}
-			}
-		}
+		// A node reboot may have lost the instance with its process: nothing to end then.
+		_ = s.w.sb.GPUs(k.node).RemoveProcess(k.migUUID, k.pid)
 	}
 }
 
