@@ -118,7 +118,14 @@ func (w *world) running(name string, timeout time.Duration) api.MigReservation {
 			return false, err.Error()
 		}
 		if p.Status.Phase != v1.PodRunning {
-			return false, fmt.Sprintf("%s is %s: %s", name, p.Status.Phase, w.lastEvent(p))
+			devices := ""
+			if node := p.Spec.NodeSelector[v1.LabelHostname]; node != "" && p.Spec.NodeName == "" {
+				if n, err := w.c.CoreV1().Nodes().Get(w.ctx, node, metav1.GetOptions{}); err == nil {
+					q := n.Status.Allocatable[api.ResourceCount]
+					devices = fmt.Sprintf(" (%s allocatable %s: %s)", node, api.ResourceCount, q.String())
+				}
+			}
+			return false, fmt.Sprintf("%s is %s: %s%s", name, p.Status.Phase, w.lastEvent(p), devices)
 		}
 		recs, err := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
 		if err != nil || len(recs) != 1 || !recs[0].Realized() {
@@ -136,7 +143,13 @@ func (w *world) lastEvent(p *v1.Pod) string {
 		return "no events"
 	}
 	e := evs.Items[len(evs.Items)-1]
-	return e.Reason + ": " + e.Message
+	at := e.LastTimestamp.Time
+	if e.Series != nil {
+		at = e.Series.LastObservedTime.Time
+	} else if at.IsZero() {
+		at = e.EventTime.Time
+	}
+	return fmt.Sprintf("%s %v ago: %s", e.Reason, time.Since(at).Round(time.Second), e.Message)
 }
 
 // event waits for an event of that reason on the pod whose message contains what.

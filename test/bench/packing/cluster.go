@@ -144,11 +144,8 @@ func (c *Cluster) memory(d Demand) int {
 // ProfileSlots is the slot count of the smallest published profile (by memory, then
 // slices) that holds one device of the demand, 0 if none does.
 func (c *Cluster) ProfileSlots(d Demand) int {
-	mem := c.memory(d)
-	for _, p := range c.profiles {
-		if p.MemoryMB >= mem && len(p.Placements) > 0 {
-			return p.Placements[0].Size
-		}
+	if k := c.profileIndex(d); k >= 0 {
+		return c.profiles[k].Placements[0].Size
 	}
 	return 0
 }

@@ -1,11 +1,13 @@
 package packing
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
 
 func cluster(t *testing.T, model string, gpus int, all bool) *Cluster {
@@ -148,18 +150,39 @@ func TestParseTraceNamesLine(t *testing.T) {
 	}
 }
 
-// TestSmoke runs every experiment at tiny sizes on the real traces, checking after every
+// TestSmoke runs every section at tiny sizes on the real traces, checking after every
 // placement that each policy's reservations are legal and disjoint.
 func TestSmoke(t *testing.T) {
-	rep, err := Run(Config{TraceDir: "testdata/traces", GPUs: 10, Loads: []float64{0.5, 2}, MaxPods: 300,
-		SyntheticPods: 200, NoiseReplays: 2, FillGPUs: 8, FillPods: 10, FillWindows: 2, Check: true})
+	rep, err := Run(Config{TraceDir: "testdata/traces", MaxPods: 300, FillGPUs: 16, Orders: 3,
+		QueueGPUs: []int{16}, QueueReplays: 2, QueuePods: 150, QueueLoad: 1,
+		DropGPUs: 10, DropLoads: []float64{0.5, 2}, StaticGPUs: 8, StaticPods: 10, StaticWindows: 2, Check: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Panels) != 8 || len(rep.Fill) != 4 || len(rep.Noise) != 2 {
-		t.Fatalf("%d panels, %d fills, %d noise panels", len(rep.Panels), len(rep.Fill), len(rep.Noise))
+	if len(rep.Inflation) != 8 || len(rep.Queue) != 8 || len(rep.Drop) != 4 || len(rep.Static) != 4 {
+		t.Fatalf("%d inflation, %d queueing, %d drop, %d static panels", len(rep.Inflation), len(rep.Queue), len(rep.Drop), len(rep.Static))
 	}
-	for _, f := range rep.Fill {
+	for _, p := range rep.Inflation {
+		for pi, runs := range p.Runs {
+			for order, run := range runs {
+				bound := min(p.Packing100[order], p.Capacity100[order])
+				if run.At100 <= 0 || run.At100 > bound+1e-9 || run.At130 < run.At100 || run.At130 > p.Packing130[order]+1e-9 || len(run.Curve) != 26 {
+					t.Errorf("inflation %s on %s, %s, order %d: %+v; bounds %.3f/%.3f/%.3f", p.Workload, p.Cluster, rep.Policies[pi], order, run,
+						p.Capacity100[order], p.Packing100[order], p.Packing130[order])
+				}
+			}
+		}
+	}
+	for _, p := range rep.Queue {
+		for pi, runs := range p.Runs {
+			for k, o := range runs {
+				if o.Placed+o.Unplaceable != p.Pods || o.P95Wait < 0 || len(o.P95BySize) == 0 {
+					t.Errorf("queueing %s on %s, %s, replay %d: %+v of %d pods", p.Workload, p.Cluster, rep.Policies[pi], k, o, p.Pods)
+				}
+			}
+		}
+	}
+	for _, f := range rep.Static {
 		for _, x := range f.Results {
 			if x.Size == 0 {
 				t.Errorf("%s on %s: an empty static-fill window at %d", f.Workload, f.Cluster, x.Window)
@@ -171,7 +194,7 @@ func TestSmoke(t *testing.T) {
 			}
 		}
 	}
-	for _, p := range rep.Panels {
+	for _, p := range rep.Drop {
 		for _, o := range p.Outcomes {
 			if o.Arrived != p.Pods || o.Placed == 0 || o.Utilisation <= 0 || o.Utilisation > 1 {
 				t.Errorf("%s on %s: %+v", p.Workload, p.Cluster, o)
@@ -181,8 +204,13 @@ func TestSmoke(t *testing.T) {
 	var md, svg strings.Builder
 	rep.WriteMarkdown(&md, Machine{Cores: 1, CPU: "test", Command: "test", At: "now"})
 	rep.WriteSVG(&svg)
-	if !strings.Contains(md.String(), "Weng et al.") || !strings.HasSuffix(svg.String(), "</svg>\n") {
-		t.Error("report incomplete")
+	for _, want := range []string{"Weng et al.", "## What holds", "## Inflation fill", "## Queueing replay", "## Static fill vs optimal", "## Secondary: drop-on-arrival replay", "hami-main", "per-GPU packing bound"} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("report has no %q", want)
+		}
+	}
+	if !strings.HasSuffix(svg.String(), "</svg>\n") {
+		t.Error("plot incomplete")
 	}
 }
 
@@ -194,5 +222,132 @@ func TestHAMiDevicesStayOnGPU(t *testing.T) {
 		if a.GPU != 1 || a.Profile != "2g.10gb" || a.Placement != at(2*i, 2) {
 			t.Errorf("device %d: %+v, want 2g.10gb on GPU 1 at [%d,%d)", i, a, 2*i, 2*i+2)
 		}
+	}
+}
+
+// TestHAMiMainScoring: on an empty A100 the first 1g goes where it leaves the longest free
+// run ([0,1) leaves [1,8)), the second next to it; v2.10 would take [6,7) and [5,6).
+func TestHAMiMainScoring(t *testing.T) {
+	st := NewState(cluster(t, "A100-40GB", 1, false))
+	one := Demand{Devices: 1, MemoryMiB: 4000}
+	for _, want := range []api.Placement{at(0, 1), at(1, 1)} {
+		if a := place(t, st, HAMiMain{}, one)[0]; a.Profile != "1g.5gb" || a.Placement != want {
+			t.Errorf("1g: %+v, want 1g.5gb at %+v", a, want)
+		}
+	}
+	// Two 3g devices: the 1g pair blocks [0,4), so one 3g fits; the pod of two goes nowhere.
+	if as := (HAMiMain{}).Place(st, Demand{Devices: 2, MemoryMiB: 15000}); as != nil {
+		t.Errorf("two 3g beside two 1g: %+v, want refused", as)
+	}
+}
+
+// TestHAMiMainBacktrack: the search finds the most devices the GPU takes, within Count.
+func TestHAMiMainBacktrack(t *testing.T) {
+	c := cluster(t, "A100-40GB", 1, false)
+	g := &NewState(c).Nodes[0][0]
+	for _, tc := range []struct {
+		name     string
+		reserved []placement.Instance
+		mem, n   int
+		want     int
+	}{
+		{"two 3g on an empty GPU", nil, 15000, 2, 2},
+		{"two 3g beside a 1g at 6", []placement.Instance{{Profile: "1g.5gb", Placement: at(6, 1)}}, 15000, 2, 1},
+		{"eight 1g: seven placements", nil, 4000, 8, 7},
+		{"four 2g: three placements", nil, 9000, 4, 3},
+		{"a 2g beside 3g at 0 and 2g at 4", []placement.Instance{{Profile: "3g.20gb", Placement: at(0, 4)}, {Profile: "2g.10gb", Placement: at(4, 2)}}, 9000, 1, 0},
+	} {
+		g.MIG = tc.reserved
+		u := useOf(g)
+		if got := hamiMainBacktrack(c, g, &u, tc.mem, tc.n); len(got) != tc.want {
+			t.Errorf("%s: %d devices %+v, want %d", tc.name, len(got), got, tc.want)
+		}
+	}
+}
+
+// TestPackingBoundHandCount: the per-GPU packing bound against counts done by hand.
+func TestPackingBoundHandCount(t *testing.T) {
+	g1, g2, g3 := Demand{Devices: 1, MemoryMiB: 4000}, Demand{Devices: 1, MemoryMiB: 9000}, Demand{Devices: 1, MemoryMiB: 15000}
+	rep := func(d Demand, n int) []Demand { return slices.Repeat([]Demand{d}, n) }
+	for _, tc := range []struct {
+		name    string
+		gpus    int
+		demands []Demand
+		slots   int
+	}{
+		{"eight 1g on one A100: seven placements", 1, rep(g1, 8), 7},
+		{"four 2g: three placements", 1, rep(g2, 4), 6},
+		{"three 2g and a 1g", 1, append(rep(g2, 3), g1), 7},
+		{"two 3g", 1, rep(g3, 2), 8},
+		{"a whole GPU and a 1g", 1, []Demand{{Devices: 1}, g1}, 8},
+		{"fourteen 1g on two GPUs", 2, rep(g1, 14), 14},
+		{"a 2-device whole-GPU pod on two GPUs, split", 2, []Demand{{Devices: 2}}, 16},
+	} {
+		c := cluster(t, "A100-40GB", tc.gpus, false)
+		got, err := c.PackingBound(tc.demands)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := float64(tc.slots) / float64(c.Capacity()); math.Abs(got-want) > 1e-9 {
+			t.Errorf("%s: bound %.4f, want %.4f", tc.name, got, want)
+		}
+	}
+}
+
+// TestInflateFigures: the fill's figures on one A100, by hand.
+func TestInflateFigures(t *testing.T) {
+	c := cluster(t, "A100-40GB", 1, false)
+	g1, g2, g3 := Demand{Devices: 1, MemoryMiB: 4000}, Demand{Devices: 1, MemoryMiB: 9000}, Demand{Devices: 1, MemoryMiB: 15000}
+	for _, tc := range []struct {
+		name                    string
+		offered                 []Demand
+		at100, at130, first, st float64
+	}{
+		// 4 + 4 = 8 slots at 100 %; the 1g (9 ≤ 10.4) is refused with nothing free.
+		{"two 3g then a 1g", []Demand{g3, g3, g1}, 1, 1, 1, 0},
+		// Three 2g take [0,6); the fourth is refused; the 1g takes [6,7); [7,8) holds no 2g.
+		{"four 2g", []Demand{g2, g2, g2, g2, g1}, 6.0 / 8, 7.0 / 8, 6.0 / 8, 1.0 / 8},
+	} {
+		run, err := Inflate(c, FirstFit{}, tc.offered, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if run.At100 != tc.at100 || run.At130 != tc.at130 || run.FirstRefusal != tc.first || run.Stranded != tc.st {
+			t.Errorf("%s: %+v, want at100 %.3f at130 %.3f first %.3f stranded %.3f", tc.name, run, tc.at100, tc.at130, tc.first, tc.st)
+		}
+	}
+}
+
+// TestQueueReplayWaits: a 1g arriving behind a whole-GPU pod waits for its departure.
+func TestQueueReplayWaits(t *testing.T) {
+	c := cluster(t, "A100-40GB", 1, false)
+	jobs := []Job{
+		{Demand: Demand{Devices: 1}, Arrive: 0, Depart: 10},
+		{Demand: Demand{Devices: 1, MemoryMiB: 4000}, Arrive: 1, Depart: 2},
+	}
+	o, err := QueueReplay(c, FirstFit{}, jobs, 1, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The 1g waits from 1 to 10.
+	if o.Placed != 2 || o.MeanWait != 4.5 || o.P95Wait != 9 || o.P95BySize["1g"] != 9 || o.P95BySize["7g"] != 0 {
+		t.Errorf("%+v", o)
+	}
+	// Pending from 1 (the last arrival) to 10 with the whole GPU in use: drain 100 %.
+	if !math.IsNaN(o.UtilArrivals) || o.UtilDrain != 1 {
+		t.Errorf("utilisation while pending: arrivals %v, drain %v; want NaN, 1", o.UtilArrivals, o.UtilDrain)
+	}
+}
+
+func TestPaired(t *testing.T) {
+	p := pair([]float64{1, 2, 3, math.NaN()}, []float64{1, 1, 4, 0}, true)
+	if p.N != 3 || p.Win != 1 || p.Tie != 1 || p.Loss != 1 || math.Abs(p.Mean) > 1e-12 {
+		t.Errorf("%+v", p)
+	}
+	if w := pair([]float64{1, 1, 1}, []float64{2, 2, 2.5}, true); !w.Worse() {
+		t.Errorf("%+v: dynamig lower on every input, not worse", w)
+	}
+	if w := pair([]float64{1, 1, 1}, []float64{2, 2, 2.5}, false); w.Worse() {
+		t.Errorf("%+v: lower is better, not worse", w)
 	}
 }

@@ -17,11 +17,6 @@ type Policy interface {
 	Place(st *State, d Demand) []Alloc
 }
 
-// Policies are the policies compared by the dynamic replay, dynamig first.
-func Policies() []Policy {
-	return []Policy{Dynamig{FragmentationAware: true}, Dynamig{}, HAMi{}, FirstFit{}}
-}
-
 // Dynamig is the real allocator: placement.Fit on every node with the shipped options
 // (MIG binpack), scored as the scheduler plugin scores the GPU term: 1000 × the node's GPU
 // utilisation after placement, minus 10 × the fragmentation cost when it is on. The
@@ -135,7 +130,17 @@ func score(used, total [3]float64) float64 {
 	return 10 * s
 }
 
-func (h HAMi) Place(st *State, d Demand) []Alloc {
+func (HAMi) Place(st *State, d Demand) []Alloc { return hamiPlace(st, d, hamiDevicesOnGPU) }
+
+// hamiGPUFunc places up to n devices of mem MiB on one GPU (u is its use, updated), the
+// most it can; HAMi v2.10 and hami-main differ only there.
+type hamiGPUFunc func(c *Cluster, g *placement.GPU, u *gpuUse, mem, n int) []Alloc
+
+// hamiPlace is HAMi's node and GPU order around a per-GPU placement: nodes by HAMi's node
+// score before the pod (binpack: highest first, ties to the lowest index); on a node, GPUs
+// by the GPU score (spread: lowest first, full ties to the highest index), the pod's
+// devices on the first GPU until it takes no more, then the next.
+func hamiPlace(st *State, d Demand, onGPU hamiGPUFunc) []Alloc {
 	c := st.C
 	type nodeScore struct {
 		n     int
@@ -156,14 +161,14 @@ func (h HAMi) Place(st *State, d Demand) []Alloc {
 	}
 	slices.SortStableFunc(order, func(a, b nodeScore) int { return cmp.Compare(b.score, a.score) })
 	for _, ns := range order {
-		if as := h.placeNode(st, ns.n, d); as != nil {
+		if as := hamiPlaceNode(st, ns.n, d, onGPU); as != nil {
 			return as
 		}
 	}
 	return nil
 }
 
-func (HAMi) placeNode(st *State, n int, d Demand) []Alloc {
+func hamiPlaceNode(st *State, n int, d Demand, onGPU hamiGPUFunc) []Alloc {
 	c, gpus := st.C, st.Nodes[n]
 	uses := make([]gpuUse, len(gpus))
 	scores := make([]float64, len(gpus))
@@ -176,21 +181,32 @@ func (HAMi) placeNode(st *State, n int, d Demand) []Alloc {
 	slices.SortFunc(order, func(a, b int) int { return cmp.Or(cmp.Compare(scores[a], scores[b]), cmp.Compare(b, a)) })
 	mem := c.memory(d)
 	var out []Alloc
-	pos := 0
-	for range d.Devices {
-		placed := false
-		for ; pos < len(order) && !placed; pos++ {
-			i := order[pos]
-			if prof, pl, ok := hamiOnGPU(c, &gpus[i], &uses[i], mem); ok {
-				uses[i].add(&gpus[i], prof, pl)
-				out = append(out, Alloc{Node: n, GPU: i, Profile: prof, Placement: pl})
-				placed = true
-				pos-- // stay on this GPU for the next device
-			}
+	for _, i := range order {
+		if len(out) == d.Devices {
+			break
 		}
-		if !placed {
-			return nil
+		for _, a := range onGPU(c, &gpus[i], &uses[i], mem, d.Devices-len(out)) {
+			a.Node, a.GPU = n, i
+			out = append(out, a)
 		}
+	}
+	if len(out) < d.Devices {
+		return nil
+	}
+	return out
+}
+
+// hamiDevicesOnGPU is v2.10 on one GPU: device after device, each at hamiOnGPU's choice,
+// until one does not fit.
+func hamiDevicesOnGPU(c *Cluster, g *placement.GPU, u *gpuUse, mem, n int) []Alloc {
+	var out []Alloc
+	for range n {
+		prof, pl, ok := hamiOnGPU(c, g, u, mem)
+		if !ok {
+			break
+		}
+		u.add(g, prof, pl)
+		out = append(out, Alloc{Profile: prof, Placement: pl})
 	}
 	return out
 }

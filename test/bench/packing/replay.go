@@ -60,36 +60,6 @@ func TraceJobs(c *Cluster, pods []Pod, load float64) []Job {
 	return jobs
 }
 
-// SyntheticJobs is churn: n one-device pods whose profile is drawn from the published
-// profiles with weight 1/slots (small ones commoner), asking for that profile's memory,
-// Poisson arrivals and exponential lifetimes of mean 1, at offered load L (mean requested
-// slots = L × the cluster's slots). Fixed seed.
-func SyntheticJobs(c *Cluster, n int, load float64, seed uint64) []Job {
-	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
-	var weights []float64
-	total, meanSlots := 0.0, 0.0
-	for _, p := range c.profiles {
-		w := 1 / float64(p.Placements[0].Size)
-		weights = append(weights, w)
-		total += w
-		meanSlots += w * float64(p.Placements[0].Size)
-	}
-	meanSlots /= total
-	rate := load * float64(c.Capacity()) / meanSlots // mean lifetime 1
-	jobs := make([]Job, n)
-	t := 0.0
-	for i := range jobs {
-		t += rng.ExpFloat64() / rate
-		x, k := rng.Float64()*total, 0
-		for k < len(weights)-1 && x >= weights[k] {
-			x -= weights[k]
-			k++
-		}
-		jobs[i] = Job{Demand: Demand{Devices: 1, MemoryMiB: c.profiles[k].MemoryMB}, Arrive: t, Depart: t + rng.ExpFloat64()}
-	}
-	return jobs
-}
-
 // Replay runs the jobs through the policy on an empty cluster: events by time, departures
 // before arrivals at equal times; a refused pod is dropped. With check, the whole state is
 // verified after every placement.

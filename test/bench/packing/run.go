@@ -3,24 +3,33 @@ package packing
 import (
 	"fmt"
 	"path/filepath"
+	"runtime"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // Config sizes a benchmark run.
 type Config struct {
 	// TraceDir holds openb_pod_list_default.csv and openb_pod_list_gpushare100.csv.
 	TraceDir string
-	// GPUs is the dynamic replay's cluster size; Loads the offered loads.
-	GPUs  int
-	Loads []float64
 	// MaxPods caps the pods taken from each trace (0: all).
 	MaxPods int
-	// SyntheticPods per load of the synthetic churn.
-	SyntheticPods int
-	// NoiseReplays is the number of jittered replays (JitterJobs) of each trace on
-	// A100-40GB per load and policy; 0 for none.
-	NoiseReplays int
-	// FillGPUs, FillPods, FillWindows size the static fill (one node).
-	FillGPUs, FillPods, FillWindows int
+	// FillGPUs is the inflation fill's cluster; Orders the shuffles (order 0, the trace's
+	// own order, comes on top).
+	FillGPUs, Orders int
+	// QueueGPUs are the queueing replay's cluster sizes; QueueReplays the jittered
+	// replays (generated mixes: seeds) per size; QueueLoad the offered load; QueuePods the
+	// pods of a generated mix per replay.
+	QueueGPUs               []int
+	QueueReplays, QueuePods int
+	QueueLoad               float64
+	// DropGPUs and DropLoads size the secondary drop-on-arrival replay (0 GPUs: none).
+	DropGPUs  int
+	DropLoads []float64
+	// StaticGPUs, StaticPods, StaticWindows size the static fill (one node; 0 windows:
+	// none).
+	StaticGPUs, StaticPods, StaticWindows int
 	// Check verifies the state after every placement (slow; tests).
 	Check bool
 	// Progress, if set, is told what runs.
@@ -33,39 +42,43 @@ var Traces = []struct{ Label, File string }{
 	{"gpushare100", "openb_pod_list_gpushare100.csv"},
 }
 
-// Setup is one cluster configuration of the dynamic replay.
-type Setup struct {
-	Model       string
-	AllProfiles bool
+// Models are the GPU models compared, each with its default allowlist.
+var Models = []string{"A100-40GB", "H100-80GB"}
+
+// Policies are the policies compared, dynamig first.
+func Policies() []Policy {
+	return []Policy{Dynamig{FragmentationAware: true}, Dynamig{}, HAMi{}, HAMiMain{}, FirstFit{}}
 }
 
-// Setups are the cluster configurations: default allowlists, and one with every profile.
-var Setups = []Setup{{"A100-40GB", false}, {"H100-80GB", false}, {"A100-40GB", true}}
+// InflationPanel is one workload's inflation fill on one cluster.
+type InflationPanel struct {
+	Workload, Cluster string
+	GPUs              int
+	// Runs[policy][order].
+	Runs [][]InflationRun
+	// Per order: the capacity bound at 100 % offered (the offered share then), and the
+	// per-GPU packing bound at 100 % and 130 %.
+	Capacity100, Packing100, Packing130 []float64
+}
 
-// Panel is one workload on one cluster: an outcome per policy and load.
+// QueuePanel is one workload's queueing replays on one cluster.
+type QueuePanel struct {
+	Workload, Cluster string
+	GPUs, Pods        int
+	// TimeUnit names the unit of the waits.
+	TimeUnit string
+	// Runs[policy][replay].
+	Runs [][]QueueOutcome
+}
+
+// Panel is the drop-on-arrival replay of one workload on one cluster: an outcome per
+// policy and load.
 type Panel struct {
-	Workload string // trace label or "synthetic"
-	Cluster  string
-	GPUs     int
-	Pods     int
-	Outcomes []Outcome // per load, per policy in Policies() order
+	Workload, Cluster string
+	GPUs, Pods        int
+	Outcomes          []Outcome // per load, per policy in Policies() order
 	// Capacity is ReplayCapacity per load: the reference.
 	Capacity []Outcome
-}
-
-// Report is everything a run measured.
-type Report struct {
-	Config   Config
-	Policies []string
-	Panels   []Panel
-	Fill     []FillSummary
-	Noise    []NoisePanel
-}
-
-// NoisePanel is a trace's jittered replays: Acceptance[load][policy][replay].
-type NoisePanel struct {
-	Workload, Cluster string
-	Acceptance        [][][]float64
 }
 
 // FillSummary is the static fill of one trace on one small cluster.
@@ -74,21 +87,33 @@ type FillSummary struct {
 	Results           []FillResult
 }
 
+// Report is everything a run measured.
+type Report struct {
+	Config    Config
+	Policies  []string
+	Workloads []*Workload
+	Inflation []InflationPanel
+	Queue     []QueuePanel
+	Drop      []Panel
+	Static    []FillSummary
+}
+
 // fillMisses ends a static-fill window after this many trace pods in a row did not fit.
 const fillMisses = 8
 
-// Run runs every experiment.
+// Run runs every experiment; independent runs go in parallel, one per core.
 func Run(cfg Config) (*Report, error) {
 	progress := cfg.Progress
 	if progress == nil {
 		progress = func(string) {}
 	}
+	var mu sync.Mutex
+	say := func(s string) { mu.Lock(); progress(s); mu.Unlock() }
 	policies := Policies()
 	rep := &Report{Config: cfg}
 	for _, p := range policies {
 		rep.Policies = append(rep.Policies, p.Name())
 	}
-	traces := map[string][]Pod{}
 	for _, t := range Traces {
 		pods, err := LoadTrace(filepath.Join(cfg.TraceDir, t.File))
 		if err != nil {
@@ -97,88 +122,145 @@ func Run(cfg Config) (*Report, error) {
 		if cfg.MaxPods > 0 && len(pods) > cfg.MaxPods {
 			pods = pods[:cfg.MaxPods]
 		}
-		traces[t.Label] = pods
+		rep.Workloads = append(rep.Workloads, &Workload{Name: t.Label, Trace: pods})
 	}
-	for _, s := range Setups {
-		c, err := NewCluster(s.Model, cfg.GPUs, s.AllProfiles)
-		if err != nil {
-			return nil, err
-		}
-		workloads := []string{}
-		for _, t := range Traces {
-			workloads = append(workloads, t.Label)
-		}
-		if !s.AllProfiles && cfg.SyntheticPods > 0 {
-			workloads = append(workloads, "synthetic")
-		}
-		for _, w := range workloads {
-			panel := Panel{Workload: w, Cluster: c.Label(), GPUs: c.GPUs()}
-			for li, load := range cfg.Loads {
-				var jobs []Job
-				if w == "synthetic" {
-					jobs = SyntheticJobs(c, cfg.SyntheticPods, load, uint64(1000+li))
-				} else {
-					jobs = TraceJobs(c, traces[w], load)
-				}
-				panel.Pods = len(jobs)
-				panel.Capacity = append(panel.Capacity, ReplayCapacity(c, jobs, load))
-				for _, p := range policies {
-					progress(fmt.Sprintf("%s on %d × %s, load %.2f, %s", w, c.GPUs(), c.Label(), load, p.Name()))
-					o, err := Replay(c, p, jobs, load, cfg.Check)
-					if err != nil {
-						return nil, fmt.Errorf("%s on %s, load %.2f: %w", w, c.Label(), load, err)
-					}
-					panel.Outcomes = append(panel.Outcomes, o)
-				}
-			}
-			rep.Panels = append(rep.Panels, panel)
-		}
-	}
-	if cfg.NoiseReplays > 0 {
-		c, err := NewCluster("A100-40GB", cfg.GPUs, false)
-		if err != nil {
-			return nil, err
-		}
-		for _, t := range Traces {
-			np := NoisePanel{Workload: t.Label, Cluster: fmt.Sprintf("%d × %s", c.GPUs(), c.Label())}
-			for _, load := range cfg.Loads {
-				jobs := TraceJobs(c, traces[t.Label], load)
-				perPolicy := make([][]float64, len(policies))
-				for k := range cfg.NoiseReplays {
-					jittered := JitterJobs(jobs, uint64(k+1))
-					progress(fmt.Sprintf("jittered replay %d of %s on %s, load %.2f", k+1, t.Label, np.Cluster, load))
-					for pi, p := range policies {
-						o, err := Replay(c, p, jittered, load, cfg.Check)
-						if err != nil {
-							return nil, err
-						}
-						perPolicy[pi] = append(perPolicy[pi], o.Acceptance())
-					}
-				}
-				np.Acceptance = append(np.Acceptance, perPolicy)
-			}
-			rep.Noise = append(rep.Noise, np)
-		}
-	}
-	if cfg.FillWindows > 0 && cfg.FillPods > 0 {
-		for _, s := range []Setup{{"A100-40GB", false}, {"H100-80GB", false}} {
-			c, err := NewCluster(s.Model, cfg.FillGPUs, s.AllProfiles)
+	rep.Workloads = append(rep.Workloads, &Workload{Name: "inference", Mix: InferenceMix}, &Workload{Name: "multi-gpu", Mix: MultiGPUMix})
+
+	var g errgroup.Group
+	g.SetLimit(runtime.NumCPU())
+	// Panels are sized up front: goroutines hold their addresses while more are appended.
+	rep.Inflation = make([]InflationPanel, 0, len(Models)*len(rep.Workloads))
+	if cfg.FillGPUs > 0 {
+		for _, model := range Models {
+			c, err := NewCluster(model, cfg.FillGPUs, false)
 			if err != nil {
 				return nil, err
 			}
-			for _, t := range Traces {
-				pods := traces[t.Label]
-				sum := FillSummary{Workload: t.Label, Cluster: fmt.Sprintf("%d × %s", c.GPUs(), c.Label())}
-				for w := range cfg.FillWindows {
-					start := w * (len(pods) - cfg.FillPods) / max(1, cfg.FillWindows-1)
-					if cfg.FillWindows == 1 {
+			for _, w := range rep.Workloads {
+				rep.Inflation = append(rep.Inflation, InflationPanel{Workload: w.Name, Cluster: c.Label(), GPUs: c.GPUs()})
+				panel := &rep.Inflation[len(rep.Inflation)-1]
+				orders := cfg.Orders + 1
+				panel.Runs = make([][]InflationRun, len(policies))
+				for pi := range policies {
+					panel.Runs[pi] = make([]InflationRun, orders)
+				}
+				panel.Capacity100 = make([]float64, orders)
+				panel.Packing100 = make([]float64, orders)
+				panel.Packing130 = make([]float64, orders)
+				for order := range orders {
+					g.Go(func() error {
+						offered, err := w.Offered(c, order, int(MaxOffered*float64(c.Capacity()))+1)
+						if err != nil {
+							return err
+						}
+						if order%10 == 0 {
+							say(fmt.Sprintf("inflation fill of %s on %d × %s, order %d", w.Name, c.GPUs(), c.Label(), order))
+						}
+						_, at100, at130, share100 := offeredPoints(c, offered)
+						panel.Capacity100[order] = share100
+						if panel.Packing100[order], err = c.PackingBound(offered[:at100]); err != nil {
+							return err
+						}
+						if panel.Packing130[order], err = c.PackingBound(offered[:at130]); err != nil {
+							return err
+						}
+						for pi, p := range policies {
+							run, err := Inflate(c, p, offered, cfg.Check)
+							if err != nil {
+								return fmt.Errorf("inflation fill of %s on %s, order %d: %w", w.Name, c.Label(), order, err)
+							}
+							panel.Runs[pi][order] = run
+						}
+						return nil
+					})
+				}
+			}
+		}
+	}
+	rep.Queue = make([]QueuePanel, 0, len(Models)*len(rep.Workloads)*len(cfg.QueueGPUs))
+	for _, gpus := range cfg.QueueGPUs {
+		for _, model := range Models {
+			c, err := NewCluster(model, gpus, false)
+			if err != nil {
+				return nil, err
+			}
+			for _, w := range rep.Workloads {
+				unit, _ := w.TimeUnit()
+				rep.Queue = append(rep.Queue, QueuePanel{Workload: w.Name, Cluster: c.Label(), GPUs: c.GPUs(), TimeUnit: unit})
+				panel := &rep.Queue[len(rep.Queue)-1]
+				panel.Runs = make([][]QueueOutcome, len(policies))
+				for pi := range policies {
+					panel.Runs[pi] = make([]QueueOutcome, cfg.QueueReplays)
+				}
+				for replay := range cfg.QueueReplays {
+					jobs, err := w.Jobs(c, cfg.QueueLoad, cfg.QueuePods, replay)
+					if err != nil {
+						return nil, err
+					}
+					panel.Pods = len(jobs)
+					for pi, p := range policies {
+						g.Go(func() error {
+							say(fmt.Sprintf("queueing replay %d of %s on %d × %s, %s", replay, w.Name, c.GPUs(), c.Label(), p.Name()))
+							_, unit := w.TimeUnit()
+							o, err := QueueReplay(c, p, jobs, unit, cfg.Check)
+							if err != nil {
+								return fmt.Errorf("queueing replay %d of %s on %s: %w", replay, w.Name, c.Label(), err)
+							}
+							panel.Runs[pi][replay] = o
+							return nil
+						})
+					}
+				}
+			}
+		}
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if cfg.DropGPUs > 0 {
+		for _, model := range Models {
+			c, err := NewCluster(model, cfg.DropGPUs, false)
+			if err != nil {
+				return nil, err
+			}
+			for _, w := range rep.Workloads[:len(Traces)] {
+				panel := Panel{Workload: w.Name, Cluster: c.Label(), GPUs: c.GPUs()}
+				for _, load := range cfg.DropLoads {
+					jobs := TraceJobs(c, w.Trace, load)
+					panel.Pods = len(jobs)
+					panel.Capacity = append(panel.Capacity, ReplayCapacity(c, jobs, load))
+					for _, p := range policies {
+						say(fmt.Sprintf("drop replay of %s on %d × %s, load %.2f, %s", w.Name, c.GPUs(), c.Label(), load, p.Name()))
+						o, err := Replay(c, p, jobs, load, cfg.Check)
+						if err != nil {
+							return nil, fmt.Errorf("%s on %s, load %.2f: %w", w.Name, c.Label(), load, err)
+						}
+						panel.Outcomes = append(panel.Outcomes, o)
+					}
+				}
+				rep.Drop = append(rep.Drop, panel)
+			}
+		}
+	}
+	if cfg.StaticWindows > 0 && cfg.StaticPods > 0 {
+		for _, model := range Models {
+			c, err := NewCluster(model, cfg.StaticGPUs, false)
+			if err != nil {
+				return nil, err
+			}
+			for _, w := range rep.Workloads[:len(Traces)] {
+				pods := w.Trace
+				sum := FillSummary{Workload: w.Name, Cluster: fmt.Sprintf("%d × %s", c.GPUs(), c.Label())}
+				for k := range cfg.StaticWindows {
+					start := k * (len(pods) - cfg.StaticPods) / max(1, cfg.StaticWindows-1)
+					if cfg.StaticWindows == 1 {
 						start = 0
 					}
 					if start < 0 || start >= len(pods) {
 						break
 					}
-					window := FillWindow(c, pods, start, cfg.FillPods, fillMisses)
-					progress(fmt.Sprintf("static fill %s on %s, window at %d (%d pods)", t.Label, sum.Cluster, start, len(window)))
+					window := FillWindow(c, pods, start, cfg.StaticPods, fillMisses)
+					say(fmt.Sprintf("static fill %s on %s, window at %d (%d pods)", w.Name, sum.Cluster, start, len(window)))
 					r, err := StaticFill(c, policies, window, cfg.Check)
 					if err != nil {
 						return nil, err
@@ -186,7 +268,7 @@ func Run(cfg Config) (*Report, error) {
 					r.Window = start
 					sum.Results = append(sum.Results, r)
 				}
-				rep.Fill = append(rep.Fill, sum)
+				rep.Static = append(rep.Static, sum)
 			}
 		}
 	}

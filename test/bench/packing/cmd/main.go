@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dynamig/dynamig/test/bench/machine"
@@ -18,17 +20,32 @@ import (
 func main() {
 	out := flag.String("out", "docs/benchmarks", "directory for packing.md and packing.svg")
 	traces := flag.String("traces", "test/bench/packing/testdata/traces", "directory of the trace CSV files (run from the repository root)")
-	gpus := flag.Int("gpus", 64, "GPUs of the dynamic replay's cluster")
-	fillGPUs := flag.Int("fill-gpus", 8, "GPUs of the static fill's node")
-	fillPods := flag.Int("fill-pods", 64, "most pods per static-fill window")
-	fillWindows := flag.Int("fill-windows", 16, "static-fill windows per trace")
-	noise := flag.Int("noise-replays", 5, "jittered replays of each trace on A100-40GB per load, for the noise section")
-	synthetic := flag.Int("synthetic-pods", 6000, "pods per load of the synthetic churn")
+	fillGPUs := flag.Int("fill-gpus", 64, "GPUs of the inflation fill's cluster")
+	orders := flag.Int("orders", 50, "shuffles of each workload in the inflation fill (the trace's own order comes on top)")
+	queueGPUs := flag.String("queue-gpus", "16,64", "cluster sizes of the queueing replay")
+	replays := flag.Int("replays", 10, "replays (jittered; generated mixes: seeds) per queueing panel")
+	queuePods := flag.Int("queue-pods", 4000, "pods of a generated mix per queueing replay")
+	queueLoad := flag.Float64("queue-load", 1, "offered load of the queueing replay")
+	dropGPUs := flag.Int("drop-gpus", 64, "GPUs of the secondary drop-on-arrival replay (0: none)")
+	staticGPUs := flag.Int("static-gpus", 8, "GPUs of the static fill's node")
+	staticPods := flag.Int("static-pods", 64, "most pods per static-fill window")
+	staticWindows := flag.Int("static-windows", 16, "static-fill windows per trace")
 	flag.Parse()
+	var sizes []int
+	for _, s := range strings.Split(*queueGPUs, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "-queue-gpus: %q is not a positive number\n", s)
+			os.Exit(2)
+		}
+		sizes = append(sizes, n)
+	}
 	start := time.Now()
 	cfg := packing.Config{
-		TraceDir: *traces, GPUs: *gpus, Loads: []float64{0.25, 0.5, 0.75, 1, 1.5, 2},
-		SyntheticPods: *synthetic, NoiseReplays: *noise, FillGPUs: *fillGPUs, FillPods: *fillPods, FillWindows: *fillWindows,
+		TraceDir: *traces, FillGPUs: *fillGPUs, Orders: *orders,
+		QueueGPUs: sizes, QueueReplays: *replays, QueuePods: *queuePods, QueueLoad: *queueLoad,
+		DropGPUs: *dropGPUs, DropLoads: []float64{0.25, 0.5, 1, 2},
+		StaticGPUs: *staticGPUs, StaticPods: *staticPods, StaticWindows: *staticWindows,
 		Progress: func(s string) { fmt.Fprintf(os.Stderr, "%6.1fs %s\n", time.Since(start).Seconds(), s) },
 	}
 	rep, err := packing.Run(cfg)
