@@ -2,6 +2,7 @@ package dynamicmig
 
 import (
 	"context"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"strings"
 	"sync"
 	"time"
@@ -110,6 +111,16 @@ func (pl *DynamicMIG) onNodeEvent(oldObj, newObj any) {
 			return
 		}
 	}
+	pl.activatePendingGPUPods(n, now)
+	// The scheduler's cache learns of this Node from its own informer handler, which may run
+	// after this one: a pod activated before it is tried against the old allocatable and
+	// parked again, and the Node update that follows is skipped by NodeResourcesFit's hint
+	// (above). So activate once more when the cache has surely caught up.
+	time.AfterFunc(pl.reactivateAfter, func() { pl.activatePendingGPUPods(n, now) })
+}
+
+// activatePendingGPUPods activates every GPU pod not bound yet.
+func (pl *DynamicMIG) activatePendingGPUPods(n *v1.Node, devices resource.Quantity) {
 	pods := map[string]*v1.Pod{}
 	for _, nn := range pl.pending.names() {
 		if p, err := pl.podLister.Pods(nn[0]).Get(nn[1]); err == nil && p.Spec.NodeName == "" {
@@ -118,7 +129,7 @@ func (pl *DynamicMIG) onNodeEvent(oldObj, newObj any) {
 	}
 	if len(pods) > 0 {
 		logger := klog.Background().WithName(Name)
-		logger.V(4).Info("A node's GPU devices grew; activating pending GPU pods", "node", klog.KObj(n), "devices", now.String(), "pods", len(pods))
+		logger.V(4).Info("A node's GPU devices grew; activating pending GPU pods", "node", klog.KObj(n), "devices", devices.String(), "pods", len(pods))
 		pl.handle.Activate(logger, pods)
 	}
 }

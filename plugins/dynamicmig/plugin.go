@@ -67,6 +67,9 @@ type DynamicMIG struct {
 	reservations *reservationCache
 	// pending holds the latest scheduling attempt of the GPU pods not bound yet.
 	pending *pendingPods
+	// reactivateAfter is when pending GPU pods are activated a second time after a node's
+	// devices grew (onNodeEvent).
+	reactivateAfter time.Duration
 	// heartbeatWaiters are pods refused because a node's device plugin heartbeat expired;
 	// they are activated when a heartbeat is renewed.
 	heartbeatWaiters sync.Map // types.UID → *v1.Pod
@@ -103,11 +106,12 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 			DefaultMemory:      device.Nvidia.DefaultMemory,
 			DefaultCores:       device.Nvidia.DefaultCores,
 		},
-		inventory:    newInventoryCache(),
-		fits:         newFitCache(),
-		leaseTimes:   newLeaseTimes(),
-		reservations: newReservationCache(),
-		pending:      newPendingPods(),
+		inventory:       newInventoryCache(),
+		fits:            newFitCache(),
+		leaseTimes:      newLeaseTimes(),
+		reservations:    newReservationCache(),
+		pending:         newPendingPods(),
+		reactivateAfter: time.Second,
 	}
 	// The heartbeat Leases: only the system namespace's Leases are watched, the node leases
 	// of kube-node-lease change every 10 s on every node and are none of our business.

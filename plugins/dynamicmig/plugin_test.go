@@ -407,18 +407,25 @@ type runtimeObject = runtime.Object
 // recordingActivator records the pods the plugin activates.
 type recordingActivator struct {
 	mu        sync.Mutex
-	activated map[string]bool
+	activated map[string]int // activations per pod
 }
 
 func (a *recordingActivator) Activate(_ klog.Logger, pods map[string]*v1.Pod) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.activated == nil {
-		a.activated = map[string]bool{}
+		a.activated = map[string]int{}
 	}
 	for k := range pods {
-		a.activated[k] = true
+		a.activated[k]++
 	}
+}
+
+// count is how often key was activated.
+func (a *recordingActivator) count(key string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.activated[key]
 }
 
 // waitFor runs trigger and reports whether key gets activated within a few seconds.
@@ -426,10 +433,7 @@ func (a *recordingActivator) waitFor(t *testing.T, key string, trigger func()) b
 	trigger()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		a.mu.Lock()
-		ok := a.activated[key]
-		a.mu.Unlock()
-		if ok {
+		if a.count(key) > 0 {
 			return true
 		}
 		time.Sleep(10 * time.Millisecond)
