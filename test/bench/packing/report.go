@@ -16,45 +16,78 @@ type Machine struct {
 
 const citation = `Traces: Alibaba cluster-trace-gpu-v2023 (alibaba/clusterdata, folder cluster-trace-gpu-v2023/csv, commit 7a6c496e), CC BY 4.0 — Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC 2023, and the alibaba/clusterdata repository.`
 
-// A figure of a run: its name, how to read it from a run, and which way is better.
-type inflationFigure struct {
+// figure is one figure of a run of type R: its name, how to read it, which way is better.
+type figure[R any] struct {
 	name   string
-	of     func(InflationRun) float64
+	of     func(R) float64
 	higher bool
+	// share: a share of the slots, shown in percent and compared in percentage points.
+	share bool
 }
 
-var inflationFigures = []inflationFigure{
-	{"allocated at 100 % offered", func(r InflationRun) float64 { return r.At100 }, true},
-	{"allocated at 130 % offered", func(r InflationRun) float64 { return r.At130 }, true},
-	{"fill at first refusal", func(r InflationRun) float64 { return r.FirstRefusal }, true},
-	{"stranded at 130 %", func(r InflationRun) float64 { return r.Stranded }, false},
+// paired compares dynamig's runs (runs[0]) with baseline bi's on the figure.
+func (f figure[R]) paired(runs [][]R, bi int) Paired {
+	return pair(values(runs[0], f.of), values(runs[bi], f.of), f.higher)
 }
 
-type queueFigure struct {
-	name   string
-	of     func(QueueOutcome) float64
-	higher bool
+// format writes a paired difference in the figure's unit.
+func (f figure[R]) format(p Paired) string {
+	if f.share {
+		return points(p)
+	}
+	return fmt.Sprintf("%+.3g ± %.2g (%d/%d/%d)", p.Mean, p.SE, p.Win, p.Tie, p.Loss)
 }
 
-var queueFigures = []queueFigure{
-	{"utilisation while pending, arrivals", func(o QueueOutcome) float64 { return o.UtilArrivals }, true},
-	{"utilisation while pending, drain", func(o QueueOutcome) float64 { return o.UtilDrain }, true},
-	{"mean wait", func(o QueueOutcome) float64 { return o.MeanWait }, false},
-	{"p95 wait", func(o QueueOutcome) float64 { return o.P95Wait }, false},
+// writePaired writes the table of dynamig − each baseline on every figure.
+func writePaired[R any](w io.Writer, policies []string, runs [][]R, figs []figure[R]) {
+	fmt.Fprintf(w, "| baseline |")
+	for _, f := range figs {
+		fmt.Fprintf(w, " %s |", f.name)
+	}
+	fmt.Fprintf(w, "\n|---|%s\n", strings.Repeat("---:|", len(figs)))
+	for bi := 1; bi < len(policies); bi++ {
+		fmt.Fprintf(w, "| %s |", policies[bi])
+		for _, f := range figs {
+			fmt.Fprintf(w, " %s |", f.format(f.paired(runs, bi)))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w)
 }
 
-func inflationValues(runs []InflationRun, f func(InflationRun) float64) []float64 {
-	out := make([]float64, len(runs))
-	for i, r := range runs {
-		out[i] = f(r)
+// shortfalls lists the figures on which dynamig is worse than a baseline by more than the
+// standard error.
+func shortfalls[R any](section, panel string, policies []string, runs [][]R, figs []figure[R]) []Shortfall {
+	var out []Shortfall
+	for _, f := range figs {
+		for bi := 1; bi < len(policies); bi++ {
+			if p := f.paired(runs, bi); p.Worse() {
+				out = append(out, Shortfall{section, panel, f.name, policies[bi], p})
+			}
+		}
 	}
 	return out
 }
 
-func queueValues(runs []QueueOutcome, f func(QueueOutcome) float64) []float64 {
+var inflationFigures = []figure[InflationRun]{
+	{"allocated at 100 % offered", func(r InflationRun) float64 { return r.At100 }, true, true},
+	{"allocated at 130 % offered", func(r InflationRun) float64 { return r.At130 }, true, true},
+	{"fill at first refusal", func(r InflationRun) float64 { return r.FirstRefusal }, true, true},
+	{"stranded at 130 %", func(r InflationRun) float64 { return r.Stranded }, false, true},
+}
+
+var queueFigures = []figure[QueueOutcome]{
+	{"utilisation while pending, arrivals", func(o QueueOutcome) float64 { return o.UtilArrivals }, true, true},
+	{"utilisation while pending, drain", func(o QueueOutcome) float64 { return o.UtilDrain }, true, true},
+	{"mean wait", func(o QueueOutcome) float64 { return o.MeanWait }, false, false},
+	{"p95 wait", func(o QueueOutcome) float64 { return o.P95Wait }, false, false},
+}
+
+// values reads one figure from each run.
+func values[R any](runs []R, of func(R) float64) []float64 {
 	out := make([]float64, len(runs))
 	for i, r := range runs {
-		out[i] = f(r)
+		out[i] = of(r)
 	}
 	return out
 }
@@ -71,24 +104,10 @@ type Shortfall struct {
 func (r *Report) Shortfalls() []Shortfall {
 	var out []Shortfall
 	for _, p := range r.Inflation {
-		for _, f := range inflationFigures {
-			a := inflationValues(p.Runs[0], f.of)
-			for bi := 1; bi < len(r.Policies); bi++ {
-				if pr := pair(a, inflationValues(p.Runs[bi], f.of), f.higher); pr.Worse() {
-					out = append(out, Shortfall{"inflation fill", fmt.Sprintf("%s on %d × %s", p.Workload, p.GPUs, p.Cluster), f.name, r.Policies[bi], pr})
-				}
-			}
-		}
+		out = append(out, shortfalls("inflation fill", fmt.Sprintf("%s on %d × %s", p.Workload, p.GPUs, p.Cluster), r.Policies, p.Runs, inflationFigures)...)
 	}
 	for _, p := range r.Queue {
-		for _, f := range queueFigures {
-			a := queueValues(p.Runs[0], f.of)
-			for bi := 1; bi < len(r.Policies); bi++ {
-				if pr := pair(a, queueValues(p.Runs[bi], f.of), f.higher); pr.Worse() {
-					out = append(out, Shortfall{"queueing replay", fmt.Sprintf("%s on %d × %s", p.Workload, p.GPUs, p.Cluster), f.name, r.Policies[bi], pr})
-				}
-			}
-		}
+		out = append(out, shortfalls("queueing replay", fmt.Sprintf("%s on %d × %s", p.Workload, p.GPUs, p.Cluster), r.Policies, p.Runs, queueFigures)...)
 	}
 	return out
 }
@@ -127,7 +146,7 @@ func (r *Report) writeSummary(w io.Writer) {
 		}
 		fmt.Fprintf(w, "\n|---|---|---:|---:|---:|%s\n", strings.Repeat("---:|", len(r.Policies)-1))
 		for _, p := range r.Inflation {
-			at100 := inflationValues(p.Runs[0], inflationFigures[0].of)
+			at100 := values(p.Runs[0], inflationFigures[0].of)
 			m, _ := meanSD(at100)
 			ratio := make([]float64, len(at100))
 			for i := range at100 {
@@ -137,7 +156,7 @@ func (r *Report) writeSummary(w io.Writer) {
 			k, _ := meanSD(p.Packing100)
 			fmt.Fprintf(w, "| %s | %s | %s | %s | %s |", p.Workload, p.Cluster, pct(m), pct(rm), pct(k))
 			for bi := 1; bi < len(r.Policies); bi++ {
-				fmt.Fprintf(w, " %s |", points(pair(at100, inflationValues(p.Runs[bi], inflationFigures[0].of), true)))
+				fmt.Fprintf(w, " %s |", points(pair(at100, values(p.Runs[bi], inflationFigures[0].of), true)))
 			}
 			fmt.Fprintln(w)
 		}
@@ -151,11 +170,11 @@ func (r *Report) writeSummary(w io.Writer) {
 		}
 		fmt.Fprintf(w, "\n|---|---|---:|---:|%s\n", strings.Repeat("---:|", len(r.Policies)-1))
 		for _, p := range r.Queue {
-			u, _ := meanSD(queueValues(p.Runs[0], queueFigures[0].of))
-			dw, _ := meanSD(queueValues(p.Runs[0], queueFigures[2].of))
+			u, _ := meanSD(values(p.Runs[0], queueFigures[0].of))
+			dw, _ := meanSD(values(p.Runs[0], queueFigures[2].of))
 			fmt.Fprintf(w, "| %s | %d × %s | %s | %.3g %s |", p.Workload, p.GPUs, p.Cluster, pct(u), dw, p.TimeUnit)
 			for bi := 1; bi < len(r.Policies); bi++ {
-				bw, _ := meanSD(queueValues(p.Runs[bi], queueFigures[2].of))
+				bw, _ := meanSD(values(p.Runs[bi], queueFigures[2].of))
 				fmt.Fprintf(w, " %.3f |", dw/bw)
 			}
 			fmt.Fprintln(w)
@@ -219,7 +238,7 @@ func (r *Report) writeInflation(w io.Writer) {
 		for pi, name := range r.Policies {
 			fmt.Fprintf(w, "| %s |", name)
 			for _, f := range inflationFigures {
-				m, sd := meanSD(inflationValues(p.Runs[pi], f.of))
+				m, sd := meanSD(values(p.Runs[pi], f.of))
 				fmt.Fprintf(w, " %s ± %.2f |", pct(m), 100*sd)
 			}
 			fmt.Fprintln(w)
@@ -236,19 +255,7 @@ func (r *Report) writeInflation(w io.Writer) {
 		rm, rsd := meanSD(ratio)
 		fmt.Fprintf(w, "dynamig at 100 %% offered: %s ± %.2f of the capacity bound.\n\n", pct(rm), 100*rsd)
 		fmt.Fprintf(w, "Paired, dynamig − baseline in percentage points ± standard error (wins/ties/losses; for *stranded*, lower is better and a win is dynamig lower):\n\n")
-		fmt.Fprintf(w, "| baseline |")
-		for _, f := range inflationFigures {
-			fmt.Fprintf(w, " %s |", f.name)
-		}
-		fmt.Fprintf(w, "\n|---|%s\n", strings.Repeat("---:|", len(inflationFigures)))
-		for bi := 1; bi < len(r.Policies); bi++ {
-			fmt.Fprintf(w, "| %s |", r.Policies[bi])
-			for _, f := range inflationFigures {
-				fmt.Fprintf(w, " %s |", points(pair(inflationValues(p.Runs[0], f.of), inflationValues(p.Runs[bi], f.of), f.higher)))
-			}
-			fmt.Fprintln(w)
-		}
-		fmt.Fprintln(w)
+		writePaired(w, r.Policies, p.Runs, inflationFigures)
 	}
 	fmt.Fprintf(w, "![inflation fill: allocated share vs offered share](packing.svg)\n\n")
 }
@@ -288,16 +295,16 @@ func (r *Report) writeQueue(w io.Writer) {
 		fmt.Fprintf(w, "\n|---|%s\n", strings.Repeat("---:|", len(queueFigures)+len(labels)))
 		for pi, name := range r.Policies {
 			fmt.Fprintf(w, "| %s |", name)
-			for fi, f := range queueFigures {
-				m, sd := meanSD(queueValues(p.Runs[pi], f.of))
-				if fi < 2 {
+			for _, f := range queueFigures {
+				m, sd := meanSD(values(p.Runs[pi], f.of))
+				if f.share {
 					fmt.Fprintf(w, " %s ± %.2f |", pct(m), 100*sd)
 				} else {
 					fmt.Fprintf(w, " %.3g ± %.2g |", m, sd)
 				}
 			}
 			for _, l := range labels {
-				m, _ := meanSD(queueValues(p.Runs[pi], func(o QueueOutcome) float64 {
+				m, _ := meanSD(values(p.Runs[pi], func(o QueueOutcome) float64 {
 					if v, ok := o.P95BySize[l]; ok {
 						return v
 					}
@@ -308,24 +315,7 @@ func (r *Report) writeQueue(w io.Writer) {
 			fmt.Fprintln(w)
 		}
 		fmt.Fprintf(w, "\nPaired, dynamig − baseline ± standard error (wins/ties/losses; utilisation in percentage points, higher is better; waits, lower is better):\n\n")
-		fmt.Fprintf(w, "| baseline |")
-		for _, f := range queueFigures {
-			fmt.Fprintf(w, " %s |", f.name)
-		}
-		fmt.Fprintf(w, "\n|---|%s\n", strings.Repeat("---:|", len(queueFigures)))
-		for bi := 1; bi < len(r.Policies); bi++ {
-			fmt.Fprintf(w, "| %s |", r.Policies[bi])
-			for fi, f := range queueFigures {
-				pr := pair(queueValues(p.Runs[0], f.of), queueValues(p.Runs[bi], f.of), f.higher)
-				if fi < 2 {
-					fmt.Fprintf(w, " %s |", points(pr))
-				} else {
-					fmt.Fprintf(w, " %+.3g ± %.2g (%d/%d/%d) |", pr.Mean, pr.SE, pr.Win, pr.Tie, pr.Loss)
-				}
-			}
-			fmt.Fprintln(w)
-		}
-		fmt.Fprintln(w)
+		writePaired(w, r.Policies, p.Runs, queueFigures)
 	}
 }
 
@@ -449,7 +439,7 @@ func (r *Report) WriteSVG(w io.Writer) {
 				if x < lo-1e-9 {
 					continue
 				}
-				m, _ := meanSD(inflationValues(p.Runs[pi], func(run InflationRun) float64 { return run.Curve[k] }))
+				m, _ := meanSD(values(p.Runs[pi], func(run InflationRun) float64 { return run.Curve[k] }))
 				pts = append(pts, fmt.Sprintf("%.1f,%.1f", xOf(x), yOf(max(m, lo))))
 			}
 			fmt.Fprintf(w, `<polyline fill="none" stroke="%s" stroke-width="1.5" points="%s"/>`+"\n", colours[pi%len(colours)], strings.Join(pts, " "))
