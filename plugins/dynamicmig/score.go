@@ -31,7 +31,7 @@ func (pl *DynamicMIG) Score(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if !ok {
 		return 0, fwk.AsStatus(errNoFit(nodeInfo.Node().Name))
 	}
-	return placement.NodeScore(f.gpuUtil, hostUtilisation(nodeInfo), f.result.Cost, s.req.NodePolicy, pl.opts.FragmentationAware), nil
+	return placement.NodeScore(f.gpuUtil, hostUtilisation(nodeInfo), f.emptyGPUs, f.result.Cost, s.req.NodePolicy, pl.opts.FragmentationAware), nil
 }
 
 // hostUtilisation is the node's requested CPU and memory as DynamicMIG scores them.

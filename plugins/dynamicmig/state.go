@@ -27,8 +27,9 @@ type stateData struct {
 type nodeFit struct {
 	result *placement.Result
 	gpus   []placement.GPU
-	// gpuUtil is the node's GPU utilisation after placement.
-	gpuUtil float64
+	// gpuUtil is the node's GPU utilisation after placement, emptyGPUs its GPUs left empty.
+	gpuUtil   float64
+	emptyGPUs int
 }
 
 // Clone implements fwk.StateData; preemption's dry runs work on clones.

@@ -406,3 +406,35 @@ func TestRandomFitsNeverOverlap(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeScoreKeepsEmptyGPUsTogether: two nodes of four A100-40GB equally full, one with
+// three half-used GPUs and one empty, the other with a full GPU, a half-used one and two
+// empty. A 1g pod goes onto a half-used GPU on either; binpack with fragmentation on
+// prefers the node left with fewer empty GPUs, so the other keeps two whole GPUs together.
+func TestNodeScoreKeepsEmptyGPUsTogether(t *testing.T) {
+	half := Instance{Profile: "3g.20gb", Placement: api.Placement{Start: 0, Size: 4}}
+	full := Instance{Profile: "7g.40gb", Placement: api.Placement{Start: 0, Size: 8}}
+	a := inventoryOf(t, "", "", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB")
+	b := inventoryOf(t, "", "", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB")
+	for i := range 3 {
+		a[i].MIG = []Instance{half}
+	}
+	b[0].MIG, b[1].MIG = []Instance{full}, []Instance{half}
+	opts := Options{MIGPolicy: api.PolicyBinpack, FragmentationAware: true}
+	score := func(gpus []GPU, aware bool) (int64, int) {
+		res := mustFit(t, gpus, migPod(1, 4000), opts)
+		empty := EmptyGPUs(gpus, res)
+		return NodeScore(NodeUtilisation(gpus, res), 0, empty, res.Cost, api.PolicyBinpack, aware), empty
+	}
+	sa, ea := score(a, true)
+	sb, eb := score(b, true)
+	if ea != 1 || eb != 2 {
+		t.Fatalf("empty GPUs after the pod: %d and %d, want 1 and 2", ea, eb)
+	}
+	if sa <= sb {
+		t.Errorf("scores %d (one empty GPU left) and %d (two left together): want the first higher", sa, sb)
+	}
+	if na, _ := score(a, false); na != func() int64 { n, _ := score(b, false); return n }() {
+		t.Errorf("without fragmentation awareness the nodes differ: the empty-GPU term must be off")
+	}
+}

@@ -2,7 +2,6 @@ package packing
 
 import (
 	"cmp"
-	"math"
 	"slices"
 	"strings"
 
@@ -18,9 +17,10 @@ type Policy interface {
 }
 
 // Dynamig is the real allocator: placement.Fit on every node with the shipped options
-// (MIG binpack), scored as the scheduler plugin scores the GPU term: 1000 × the node's GPU
-// utilisation after placement, minus 10 × the fragmentation cost when it is on. The
-// highest score wins; ties go to the lowest node index.
+// (MIG binpack), scored by the scheduler plugin's placement.NodeScore without its host
+// term: 1000 × the node's GPU utilisation after placement, minus, when fragmentation is
+// on, 10 × the fragmentation cost and 100 × the GPUs left empty. The highest score wins;
+// ties go to the lowest node index.
 type Dynamig struct{ FragmentationAware bool }
 
 func (p Dynamig) Name() string {
@@ -40,10 +40,7 @@ func (p Dynamig) Place(st *State, d Demand) []Alloc {
 		if why != nil {
 			continue
 		}
-		score := int64(math.Round(1000 * placement.NodeUtilisation(gpus, res)))
-		if p.FragmentationAware {
-			score -= int64(10 * res.Cost)
-		}
+		score := placement.NodeScore(placement.NodeUtilisation(gpus, res), 0, placement.EmptyGPUs(gpus, res), res.Cost, api.PolicyBinpack, p.FragmentationAware)
 		if best < 0 || score > bestScore {
 			best, bestScore, bestRes = n, score, res
 		}
