@@ -43,7 +43,7 @@ func (w *Workload) TimeUnit() (string, float64) {
 // Describe says what the workload's pods are, for the report.
 func (w *Workload) Describe() string {
 	if w.Trace != nil {
-		return fmt.Sprintf("Alibaba trace openb_pod_list_%s (%d GPU pods)", w.Name, len(w.Trace))
+		return fmt.Sprintf("Alibaba trace openb_pod_list_%s, %d GPU pods", w.Name, len(w.Trace))
 	}
 	var parts []string
 	for _, e := range w.Mix {
