@@ -1,8 +1,8 @@
 package packing
 
 import (
+	"maps"
 	"math/bits"
-	"strings"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
@@ -26,16 +26,8 @@ func (HAMiMain) Place(st *State, d Demand) []Alloc { return hamiPlace(st, d, ham
 
 func hamiMainDevicesOnGPU(c *Cluster, g *placement.GPU, u *gpuUse, mem, n int) []Alloc {
 	greedy := *u
-	greedy.count = cloneCounts(u.count)
-	var out []Alloc
-	for range n {
-		prof, pl, ok := hamiMainOnGPU(c, g, &greedy, mem)
-		if !ok {
-			break
-		}
-		greedy.add(g, prof, pl)
-		out = append(out, Alloc{Profile: prof, Placement: pl})
-	}
+	greedy.count = maps.Clone(u.count)
+	out := hamiGreedy(c, g, &greedy, mem, n, hamiMainPick)
 	if len(out) < n {
 		if more := hamiMainBacktrack(c, g, u, mem, n); len(more) > len(out) {
 			out = more
@@ -47,54 +39,17 @@ func hamiMainDevicesOnGPU(c *Cluster, g *placement.GPU, u *gpuUse, mem, n int) [
 	return out
 }
 
-func cloneCounts(m map[string]int) map[string]int {
-	out := make(map[string]int, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
-}
-
-// hamiMainOnGPU is the greedy choice for one device: v2.10's profile, the best-scored
-// free placement of it.
-func hamiMainOnGPU(c *Cluster, g *placement.GPU, u *gpuUse, mem int) (string, api.Placement, bool) {
-	if u.instances >= hamiCount(g) {
-		return "", api.Placement{}, false
-	}
-	for _, p := range c.profiles {
-		if p.MemoryMB < mem {
-			continue
-		}
-		best, bestRun, bestLeft, found := api.Placement{}, -1, -1, false
-		for _, pl := range hamiOrder(p) {
-			m := mask(pl)
-			if m&u.used != 0 {
-				continue
-			}
-			run, left := c.hamiMainScore(u.used | m)
-			if run > bestRun || (run == bestRun && left > bestLeft) {
-				best, bestRun, bestLeft, found = pl, run, left, true
-			}
-		}
-		if found {
-			return p.Name, best, true
+// hamiMainPick is hami-main's pick among a profile's free placements: the one leaving the
+// longest run of free slots, then the most placements of the GPU's profiles still free,
+// then the first in v2.10's order.
+func hamiMainPick(c *Cluster, used uint32, free []api.Placement) api.Placement {
+	best, bestRun, bestLeft := free[0], -1, -1
+	for _, pl := range free {
+		if run, left := c.hamiMainScore(used | mask(pl)); run > bestRun || (run == bestRun && left > bestLeft) {
+			best, bestRun, bestLeft = pl, run, left
 		}
 	}
-	return "", api.Placement{}, false
-}
-
-// hamiOrder is v2.10's placement order of a profile: descending start for 1g and 3g.
-func hamiOrder(p api.MigProfile) []api.Placement {
-	out := make([]api.Placement, len(p.Placements))
-	desc := strings.HasPrefix(p.Name, "1g.") || strings.HasPrefix(p.Name, "3g.")
-	for k := range p.Placements {
-		j := k
-		if desc {
-			j = len(p.Placements) - 1 - k
-		}
-		out[k] = p.Placements[j]
-	}
-	return out
+	return best
 }
 
 // hamiMainScore is the score of a GPU's slots once used: the longest run of free slots,

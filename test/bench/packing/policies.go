@@ -193,12 +193,17 @@ func hamiPlaceNode(st *State, n int, d Demand, onGPU hamiGPUFunc) []Alloc {
 	return out
 }
 
-// hamiDevicesOnGPU is v2.10 on one GPU: device after device, each at hamiOnGPU's choice,
-// until one does not fit.
+// hamiDevicesOnGPU is v2.10 on one GPU.
 func hamiDevicesOnGPU(c *Cluster, g *placement.GPU, u *gpuUse, mem, n int) []Alloc {
+	return hamiGreedy(c, g, u, mem, n, hamiFirst)
+}
+
+// hamiGreedy places up to n devices on the GPU one after another, each at hamiOnGPU's
+// choice with pick, until one does not fit; u takes them.
+func hamiGreedy(c *Cluster, g *placement.GPU, u *gpuUse, mem, n int, pick func(*Cluster, uint32, []api.Placement) api.Placement) []Alloc {
 	var out []Alloc
 	for range n {
-		prof, pl, ok := hamiOnGPU(c, g, u, mem)
+		prof, pl, ok := hamiOnGPU(c, g, u, mem, pick)
 		if !ok {
 			break
 		}
@@ -208,8 +213,11 @@ func hamiDevicesOnGPU(c *Cluster, g *placement.GPU, u *gpuUse, mem, n int) []All
 	return out
 }
 
-// hamiOnGPU is HAMi's choice of profile and placement on one GPU.
-func hamiOnGPU(c *Cluster, g *placement.GPU, u *gpuUse, mem int) (string, api.Placement, bool) {
+// hamiOnGPU is HAMi's choice of profile and placement on one GPU: the first profile, by
+// memory then slices, with memory ≥ the request and a free placement (v2.10 allows no
+// more than Count instances), and among its free placements, in v2.10's order, the one
+// choose picks. v2.10 takes the first.
+func hamiOnGPU(c *Cluster, g *placement.GPU, u *gpuUse, mem int, choose func(c *Cluster, used uint32, free []api.Placement) api.Placement) (string, api.Placement, bool) {
 	if u.instances >= hamiCount(g) {
 		return "", api.Placement{}, false
 	}
@@ -217,19 +225,29 @@ func hamiOnGPU(c *Cluster, g *placement.GPU, u *gpuUse, mem int) (string, api.Pl
 		if p.MemoryMB < mem {
 			continue
 		}
-		n := len(p.Placements)
-		desc := strings.HasPrefix(p.Name, "1g.") || strings.HasPrefix(p.Name, "3g.")
-		for k := range n {
-			j := k
-			if desc {
-				j = n - 1 - k
+		var free []api.Placement
+		for _, pl := range hamiOrder(p) {
+			if mask(pl)&u.used == 0 {
+				free = append(free, pl)
 			}
-			if pl := p.Placements[j]; mask(pl)&u.used == 0 {
-				return p.Name, pl, true
-			}
+		}
+		if len(free) > 0 {
+			return p.Name, choose(c, u.used, free), true
 		}
 	}
 	return "", api.Placement{}, false
+}
+
+// hamiFirst is v2.10's pick among a profile's free placements: the first in its order.
+func hamiFirst(_ *Cluster, _ uint32, free []api.Placement) api.Placement { return free[0] }
+
+// hamiOrder is v2.10's placement order of a profile: descending start for 1g and 3g.
+func hamiOrder(p api.MigProfile) []api.Placement {
+	out := slices.Clone(p.Placements)
+	if strings.HasPrefix(p.Name, "1g.") || strings.HasPrefix(p.Name, "3g.") {
+		slices.Reverse(out)
+	}
+	return out
 }
 
 // FirstFit takes the first GPU (nodes in order, GPUs in index order) that fits a device,
