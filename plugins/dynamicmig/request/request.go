@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"gopkg.in/inf.v0"
 	v1 "k8s.io/api/core/v1"
@@ -157,7 +158,7 @@ func (req *Request) parseAnnotations(a map[string]string) []error {
 		{api.UseGPUUUIDAnnotation, &req.UseUUIDs, maxUUIDs, true},
 		{api.NoUseGPUUUIDAnnotation, &req.NoUseUUIDs, maxUUIDs, true},
 	} {
-		entries, err := list(sel.key, a[sel.key], sel.maxEntries)
+		entries, err := list(sel.key, a[sel.key], sel.maxEntries, !sel.uuids)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -166,11 +167,6 @@ func (req *Request) parseAnnotations(a map[string]string) []error {
 			// Exact, and binary-searched.
 			slices.Sort(entries)
 			entries = slices.Compact(entries)
-		} else {
-			// Case-insensitive substrings of the lowercased type.
-			for i := range entries {
-				entries[i] = strings.ToLower(entries[i])
-			}
 		}
 		*sel.into = entries
 	}
@@ -253,8 +249,9 @@ func askedFor(names config.ResourceNames, count, mem, pct, cores int64) []string
 }
 
 // list reads the comma-separated annotation key, whose value is s: its trimmed, non-empty
-// entries, at most maxEntries of them and maxEntryBytes each.
-func list(key, s string, maxEntries int) ([]string, error) {
+// entries, valid UTF-8, lowercased when lower, at most maxEntries of them and
+// maxEntryBytes each.
+func list(key, s string, maxEntries int, lower bool) ([]string, error) {
 	if len(s) > maxListBytes {
 		return nil, fmt.Errorf("annotation %s is %d bytes, at most %d", key, len(s), maxListBytes)
 	}
@@ -262,6 +259,14 @@ func list(key, s string, maxEntries int) ([]string, error) {
 	for part := range strings.SplitSeq(s, ",") {
 		if part = strings.TrimSpace(part); part == "" {
 			continue
+		}
+		if !utf8.ValidString(part) {
+			return nil, fmt.Errorf("annotation %s: entry %d (%.16q…) is not valid UTF-8", key, len(out)+1, part)
+		}
+		if lower {
+			// GPU types match case-insensitively. Lowercasing can lengthen an
+			// entry, so the bound below is on what is kept.
+			part = strings.ToLower(part)
 		}
 		if len(part) > maxEntryBytes {
 			return nil, fmt.Errorf("annotation %s: entry %d (%.16q…) is %d bytes, at most %d", key, len(out)+1, part, len(part), maxEntryBytes)

@@ -176,6 +176,11 @@ func TestParseBounds(t *testing.T) {
 		{name: "entry of 128 bytes", pod: annotated(api.UseGPUTypeAnnotation, "A100,"+strings.Repeat("x", 128))},
 		{name: "entry of 129 bytes", pod: annotated(api.UseGPUTypeAnnotation, "A100, "+strings.Repeat("x", 129)),
 			wantErr: `annotation nvidia.com/use-gputype: entry 2 ("xxxxxxxxxxxxxxxx"…) is 129 bytes, at most 128`},
+		{name: "type not UTF-8", pod: annotated(api.UseGPUTypeAnnotation, "A100,\xff"),
+			wantErr: `annotation nvidia.com/use-gputype: entry 2 ("\xff"…) is not valid UTF-8`},
+		// "Ⱥ" is two bytes and lowercases to "ⱥ", three: 64 of them are kept as 192.
+		{name: "type longer once lowercased", pod: annotated(api.UseGPUTypeAnnotation, strings.Repeat("Ⱥ", 64)),
+			wantErr: `annotation nvidia.com/use-gputype: entry 1 ("ⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥ"…) is 192 bytes, at most 128`},
 		{name: "UUID of 129 bytes", pod: annotated(api.UseGPUUUIDAnnotation, "GPU-"+strings.Repeat("0", 125)),
 			wantErr: `annotation nvidia.com/use-gpuuuid: entry 1 ("GPU-000000000000"…) is 129 bytes, at most 128`},
 		{name: "annotation of 64 KiB", pod: annotated(api.UseGPUTypeAnnotation, "A100"+strings.Repeat(" ", 64<<10-4))},
@@ -228,6 +233,8 @@ var longExponent = regexp.MustCompile(`[eE][+-]?[0-9]{4}`)
 func FuzzParsePod(f *testing.F) {
 	f.Add("mig", "A100,H100", "binpack", "2", "8000", "50", "30")
 	f.Add("", "", "", "1500m", "-1", "101", "1e3")
+	// Invalid UTF-8 grew threefold when lowercased, past the entry bound.
+	f.Add("", strings.Repeat("0\xf0", 64), "", "1", "", "", "")
 	f.Add("", "", "", "1", "1e100", "1000m", "1e-999")
 	f.Fuzz(func(t *testing.T, mode, types, policy, count, mem, pct, cores string) {
 		limits := v1.ResourceList{}
