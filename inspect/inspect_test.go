@@ -342,7 +342,9 @@ func TestSimulate(t *testing.T) {
 	device := config.DefaultDeviceConfig()
 	nodes, leases := world(t, device, "a100=A100-40GB", "h100=H100-80GB", "core=A100-40GB:hami-core")
 	a100 := gpuID(t, nodes[0], 0)
-	// a100 already holds a 3g.20gb at [4,8): binpack fills it first.
+	// a100 already holds a 3g.20gb at [4,8), h100 gets urgent's 3g.40gb first: both are in
+	// use, and binpack puts m1 and m2 where they destroy the fewest placements, a 1g.10gb
+	// of h100 (9000 MiB fit) rather than a 2g.10gb of a100.
 	existing := []v1.Pod{bound(t, "old", "a100", rec(a100, "3g.20gb", 4, 4))}
 	urgent := gpuPod("urgent", api.ModeMIG, "30000", "")
 	urgent.Spec.Priority = ptr.To[int32](100)
@@ -355,8 +357,8 @@ func TestSimulate(t *testing.T) {
 	type landing struct{ pod, node, device string }
 	want := []landing{
 		{"default/urgent", "h100", "3g.40gb"}, // priority first; only H100's 3g.40gb is big enough
-		{"default/m1", "a100", "2g.10gb [0,2)"},
-		{"default/m2", "a100", "2g.10gb [2,4)"},
+		{"default/m1", "h100", "1g.10gb [3,4)"},
+		{"default/m2", "h100", "1g.10gb [2,3)"},
 		{"default/m3", "h100", "1g.10gb"},
 		{"default/shared", "core", "4000 MiB"},
 		{"default/cpu", "", ""},
@@ -387,14 +389,19 @@ func TestSimulate(t *testing.T) {
 	}
 }
 
-// TestSimulateCloseScores: two equal empty nodes tie: the pick is the first, the other is
-// close (kube-scheduler's other plugins decide between them).
+// TestSimulateCloseScores: under spread two equal empty nodes tie: the pick is the first,
+// the other is close (kube-scheduler's other plugins decide between them); under binpack
+// the first by name leads by the whole score, so nothing is close.
 func TestSimulateCloseScores(t *testing.T) {
 	device := config.DefaultDeviceConfig()
 	nodes, leases := world(t, device, "x=A100-40GB", "y=A100-40GB")
-	got := Simulate([]*v1.Pod{gpuPod("p", api.ModeMIG, "4000", "")}, nodes, nil, leases, policy(t, device), testNow)
-	if got[0].Node != "x" || fmt.Sprint(got[0].Close) != "[y]" {
-		t.Errorf("%+v", got[0])
+	for nodePolicy, wantClose := range map[string]string{api.PolicySpread: "[y]", api.PolicyBinpack: "[]"} {
+		pod := gpuPod("p", api.ModeMIG, "4000", "")
+		pod.Annotations[api.NodeSchedulerPolicyAnnotation] = nodePolicy
+		got := Simulate([]*v1.Pod{pod}, nodes, nil, leases, policy(t, device), testNow)
+		if got[0].Node != "x" || fmt.Sprint(got[0].Close) != wantClose {
+			t.Errorf("%s: %+v, want on x with %s close", nodePolicy, got[0], wantClose)
+		}
 	}
 }
 

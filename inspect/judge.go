@@ -210,7 +210,7 @@ func (p *Policy) judge(pod *v1.Pod, req *request.Request, c *candidate) judgemen
 	}
 	alloc := c.node.Status.Allocatable
 	host := placement.HostUtilisation(c.requested.Cpu().MilliValue(), alloc.Cpu().MilliValue(), c.requested.Memory().Value(), alloc.Memory().Value())
-	j.score = placement.NodeScore(placement.NodeUtilisation(gpus, res), host, placement.EmptyGPUs(gpus, res), res.Cost, req.NodePolicy, p.options().FragmentationAware)
+	j.score = placement.NodeScore(placement.NodeUtilisation(gpus, res), host, placement.InUse(gpus), res.Cost, req.NodePolicy, p.options().FragmentationAware)
 	return j
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/deviceplugin/inventory"
 	"github.com/dynamig/dynamig/nvml/sim"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
 
 // Landing is where Simulate puts one pod.
@@ -84,43 +85,36 @@ func Simulate(pods []*v1.Pod, nodes []v1.Node, existing []v1.Pod, leases []coord
 			out = append(out, l)
 			continue
 		}
-		best := pick(fits)
-		l.Node, l.Devices = best.Node, best.Devices
-		for _, j := range fits {
-			if j.Node != best.Node && weighted(j.score, fits) > weighted(best.score, fits)-otherScoreRoom {
+		scores := normalized(fits, req.NodePolicy)
+		best := 0
+		for i, sc := range scores {
+			if sc > scores[best] {
+				best = i
+			}
+		}
+		l.Node, l.Devices = fits[best].Node, fits[best].Devices
+		for i, j := range fits {
+			if i != best && scores[i]*dynamicMIGWeight > scores[best]*dynamicMIGWeight-otherScoreRoom {
 				l.Close = append(l.Close, j.Node)
 			}
 		}
-		c := best.candidate
-		c.holders = append(c.holders, holder{pod: l.Pod, assignments: best.result.Assignments})
+		c := fits[best].candidate
+		c.holders = append(c.holders, holder{pod: l.Pod, assignments: fits[best].result.Assignments})
 		c.add(pod)
 		out = append(out, l)
 	}
 	return out
 }
 
-// pick is the fit with the highest DynamicMIG score, the first in node order on a tie.
-func pick(fits []judgement) judgement {
-	best := fits[0]
-	for _, j := range fits[1:] {
-		if j.score > best.score {
-			best = j
-		}
+// normalized is each fit's DynamicMIG score as NormalizeScore gives it, before its weight.
+func normalized(fits []judgement, nodePolicy string) []int64 {
+	names := make([]string, len(fits))
+	scores := make([]int64, len(fits))
+	for i, j := range fits {
+		names[i], scores[i] = j.Node, j.score
 	}
-	return best
-}
-
-// weighted is a raw score as the scheduler adds it up: DynamicMIG's NormalizeScore (the
-// lowest fitting node 0, the highest 100, all 100 when equal) times its weight.
-func weighted(score int64, fits []judgement) int64 {
-	lo, hi := fits[0].score, fits[0].score
-	for _, j := range fits {
-		lo, hi = min(lo, j.score), max(hi, j.score)
-	}
-	if hi == lo {
-		return 100 * dynamicMIGWeight
-	}
-	return (score - lo) * 100 / (hi - lo) * dynamicMIGWeight
+	placement.NormalizeScores(names, scores, nodePolicy)
+	return scores
 }
 
 // DescribedNode is a node of a described cluster: a name, its GPUs (model keys or NVML

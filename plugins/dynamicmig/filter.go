@@ -98,7 +98,7 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 		cached = cachedFit{generation: generation, request: s.key}
 		res, refusal := placement.Fit(gpus, &s.req.Request, pl.opts)
 		if refusal == nil {
-			cached.fit = &nodeFit{result: res, gpus: gpus, gpuUtil: placement.NodeUtilisation(gpus, res), emptyGPUs: placement.EmptyGPUs(gpus, res)}
+			cached.fit = &nodeFit{result: res, gpus: gpus, gpuUtil: placement.NodeUtilisation(gpus, res), inUse: placement.InUse(gpus)}
 		}
 		cached.refusal = refusal
 		pl.fits.put(node.Name, cached)

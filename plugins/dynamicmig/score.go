@@ -17,9 +17,9 @@ func (pl *DynamicMIG) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Po
 	return nil
 }
 
-// Score ranks a node by the node policy over its GPUs after placement (binpack: fuller is
-// better; spread: emptier), its CPU and memory likewise, and the fragmentation cost of the
-// chosen placements.
+// Score is the node's raw score by the node policy (placement.NodeScore): binpack, the
+// fragmentation cost of the chosen placements and whether the node is in use already;
+// spread, how empty its GPUs, CPU and memory are after placement.
 func (pl *DynamicMIG) Score(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
 	start := defaultClock()
 	defer func() { observeLatency(scoreLatency, start) }()
@@ -31,7 +31,7 @@ func (pl *DynamicMIG) Score(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if !ok {
 		return 0, fwk.AsStatus(errNoFit(nodeInfo.Node().Name))
 	}
-	return placement.NodeScore(f.gpuUtil, hostUtilisation(nodeInfo), f.emptyGPUs, f.result.Cost, s.req.NodePolicy, pl.opts.FragmentationAware), nil
+	return placement.NodeScore(f.gpuUtil, hostUtilisation(nodeInfo), f.inUse, f.result.Cost, s.req.NodePolicy, pl.opts.FragmentationAware), nil
 }
 
 // hostUtilisation is the node's requested CPU and memory as DynamicMIG scores them.
@@ -40,21 +40,21 @@ func hostUtilisation(nodeInfo fwk.NodeInfo) float64 {
 	return placement.HostUtilisation(req.GetMilliCPU(), alloc.GetMilliCPU(), req.GetMemory(), alloc.GetMemory())
 }
 
-// NormalizeScore maps the raw scores onto [0, MaxNodeScore].
-func (pl *DynamicMIG) NormalizeScore(_ context.Context, _ fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
-	if len(scores) == 0 {
-		return nil
+// NormalizeScore maps the raw scores onto [0, MaxNodeScore] by the pod's node policy
+// (placement.NormalizeScores): binpack by rank, ties to the first node by name.
+func (pl *DynamicMIG) NormalizeScore(_ context.Context, state fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
+	s, err := readState(state)
+	if err != nil {
+		return fwk.AsStatus(err)
 	}
-	lo, hi := scores[0].Score, scores[0].Score
-	for _, s := range scores {
-		lo, hi = min(lo, s.Score), max(hi, s.Score)
+	names := make([]string, len(scores))
+	raw := make([]int64, len(scores))
+	for i, ns := range scores {
+		names[i], raw[i] = ns.Name, ns.Score
 	}
+	placement.NormalizeScores(names, raw, s.req.NodePolicy)
 	for i := range scores {
-		if hi == lo {
-			scores[i].Score = fwk.MaxNodeScore
-			continue
-		}
-		scores[i].Score = (scores[i].Score - lo) * fwk.MaxNodeScore / (hi - lo)
+		scores[i].Score = raw[i]
 	}
 	return nil
 }

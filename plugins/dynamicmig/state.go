@@ -27,9 +27,10 @@ type stateData struct {
 type nodeFit struct {
 	result *placement.Result
 	gpus   []placement.GPU
-	// gpuUtil is the node's GPU utilisation after placement, emptyGPUs its GPUs left empty.
-	gpuUtil   float64
-	emptyGPUs int
+	// gpuUtil is the node's GPU utilisation after placement; inUse whether a GPU of it was
+	// in use before.
+	gpuUtil float64
+	inUse   bool
 }
 
 // Clone implements fwk.StateData; preemption's dry runs work on clones.

@@ -401,16 +401,9 @@ func meanUtilisation(as []Assignment, util func(gpu int) float64) float64 {
 	return total / float64(len(seen))
 }
 
-// EmptyGPUs counts the node's GPUs with nothing on them once the fit is placed.
-func EmptyGPUs(gpus []GPU, res *Result) int {
-	n := 0
-	for i := range gpus {
-		if len(gpus[i].MIG) > 0 || len(gpus[i].Shares) > 0 || slices.ContainsFunc(res.Assignments, func(a Assignment) bool { return a.GPU == i }) {
-			continue
-		}
-		n++
-	}
-	return n
+// InUse says whether any of the node's GPUs has an instance or a share on it.
+func InUse(gpus []GPU) bool {
+	return slices.ContainsFunc(gpus, func(g GPU) bool { return len(g.MIG) > 0 || len(g.Shares) > 0 })
 }
 
 // NodeUtilisation is the node's GPU occupancy once the fit is placed, in [0,1]: per GPU the

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -407,34 +408,80 @@ func TestRandomFitsNeverOverlap(t *testing.T) {
 	}
 }
 
-// TestNodeScoreKeepsEmptyGPUsTogether: two nodes of four A100-40GB equally full, one with
-// three half-used GPUs and one empty, the other with a full GPU, a half-used one and two
-// empty. A 1g pod goes onto a half-used GPU on either; binpack with fragmentation on
-// prefers the node left with fewer empty GPUs, so the other keeps two whole GPUs together.
-func TestNodeScoreKeepsEmptyGPUsTogether(t *testing.T) {
+// TestBinpackNodeOrder: binpack picks the fit of lowest fragmentation cost, then a node in
+// use over an empty one, then the first node by name, whatever how full the nodes are;
+// without fragmentation awareness the cost does not count.
+func TestBinpackNodeOrder(t *testing.T) {
 	half := Instance{Profile: "3g.20gb", Placement: api.Placement{Start: 0, Size: 4}}
 	full := Instance{Profile: "7g.40gb", Placement: api.Placement{Start: 0, Size: 8}}
-	a := inventoryOf(t, "", "", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB")
-	b := inventoryOf(t, "", "", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB")
-	for i := range 3 {
-		a[i].MIG = []Instance{half}
+	node := func(used ...Instance) []GPU {
+		gpus := inventoryOf(t, "", "", "A100-40GB", "A100-40GB", "A100-40GB")
+		for i, in := range used {
+			gpus[i].MIG = []Instance{in}
+		}
+		return gpus
 	}
-	b[0].MIG, b[1].MIG = []Instance{full}, []Instance{half}
 	opts := Options{MIGPolicy: api.PolicyBinpack, FragmentationAware: true}
-	score := func(gpus []GPU, aware bool) (int64, int) {
-		res := mustFit(t, gpus, migPod(1, 4000), opts)
-		empty := EmptyGPUs(gpus, res)
-		return NodeScore(NodeUtilisation(gpus, res), 0, empty, res.Cost, api.PolicyBinpack, aware), empty
+	for _, tc := range []struct {
+		name   string
+		nodes  map[string][]GPU
+		memMiB int
+		aware  bool
+		want   string
+	}{
+		// A 1g next to a 3g destroys fewer placements than on an empty GPU: "b" although "a" is fuller.
+		{"lower cost wins", map[string][]GPU{"a": node(full), "b": node(half)}, 4000, true, "b"},
+		// Without awareness both are in use: the first name.
+		{"cost off", map[string][]GPU{"a": node(full), "b": node(half)}, 4000, false, "a"},
+		// A whole GPU costs the same anywhere: the node in use, not the empty one before it.
+		{"in use before empty", map[string][]GPU{"a": node(), "b": node(half)}, 40000, true, "b"},
+		// Equal cost, both in use: the first name, not the fuller "b".
+		{"first name, not fullest", map[string][]GPU{"a": node(half), "b": node(full, half)}, 40000, true, "a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var names []string
+			var scores []int64
+			for name, gpus := range tc.nodes {
+				res := mustFit(t, gpus, migPod(1, tc.memMiB), opts)
+				names = append(names, name)
+				scores = append(scores, NodeScore(NodeUtilisation(gpus, res), 0, InUse(gpus), res.Cost, api.PolicyBinpack, tc.aware))
+			}
+			NormalizeScores(names, scores, api.PolicyBinpack)
+			best := slices.Index(scores, MaxNodeScore)
+			if best < 0 || names[best] != tc.want || slices.Contains(scores[best+1:], MaxNodeScore) {
+				t.Errorf("normalised %v for %v; want %s alone at %d", scores, names, tc.want, MaxNodeScore)
+			}
+		})
 	}
-	sa, ea := score(a, true)
-	sb, eb := score(b, true)
-	if ea != 1 || eb != 2 {
-		t.Fatalf("empty GPUs after the pod: %d and %d, want 1 and 2", ea, eb)
+}
+
+func TestNormalizeScores(t *testing.T) {
+	for _, tc := range []struct {
+		policy string
+		names  []string
+		raw    []int64
+		want   []int64
+	}{
+		{api.PolicyBinpack, []string{"c", "a", "b"}, []int64{5, 5, 7}, []int64{0, 50, 100}},
+		{api.PolicyBinpack, []string{"only"}, []int64{-3}, []int64{100}},
+		{api.PolicySpread, []string{"c", "a", "b"}, []int64{5, 5, 7}, []int64{0, 0, 100}},
+		{api.PolicySpread, []string{"a", "b"}, []int64{4, 4}, []int64{100, 100}},
+		{api.PolicySpread, []string{"a", "b", "c"}, []int64{0, 1, 4}, []int64{0, 25, 100}},
+	} {
+		got := slices.Clone(tc.raw)
+		NormalizeScores(tc.names, got, tc.policy)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s %v %v: %v, want %v", tc.policy, tc.names, tc.raw, got, tc.want)
+		}
 	}
-	if sa <= sb {
-		t.Errorf("scores %d (one empty GPU left) and %d (two left together): want the first higher", sa, sb)
+	// Binpack with more nodes than scores: neighbours share one, the order holds.
+	names := make([]string, 250)
+	raw := make([]int64, 250)
+	for i := range names {
+		names[i] = fmt.Sprintf("n%03d", i)
 	}
-	if na, _ := score(a, false); na != func() int64 { n, _ := score(b, false); return n }() {
-		t.Errorf("without fragmentation awareness the nodes differ: the empty-GPU term must be off")
+	NormalizeScores(names, raw, api.PolicyBinpack)
+	if raw[0] != MaxNodeScore || raw[249] != 0 || !slices.IsSortedFunc(raw, func(a, b int64) int { return cmp.Compare(b, a) }) {
+		t.Errorf("250 equal nodes: %v", raw)
 	}
 }

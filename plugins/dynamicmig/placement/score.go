@@ -1,37 +1,94 @@
 package placement
 
 import (
+	"cmp"
 	"math"
+	"slices"
 
 	"github.com/dynamig/dynamig/api"
 )
 
-// Score weights: GPU occupancy leads, the node's CPU and memory follow, and each unit of
-// fragmentation cost counts against the node, as (binpack) does each GPU the fit leaves
-// with nothing on it: new work goes to nodes whose GPUs are in use already, so whole empty
-// GPUs stay together on other nodes for pods of several whole GPUs (packing benchmark,
-// multi-GPU mix: 7 % shorter waits on 64 GPUs).
+// MaxNodeScore is the highest normalised score, kube-scheduler's framework.MaxNodeScore.
+const MaxNodeScore = 100
+
+// Spread's weights: GPU occupancy leads, the node's CPU and memory follow, and each unit of
+// fragmentation cost counts against the node.
 const (
 	gpuWeight           = 1000
 	hostWeight          = 200
 	fragmentationWeight = 10
-	emptyGPUWeight      = 100
 )
 
-// NodeScore is DynamicMIG's raw score of a node for a fit: by the node policy (binpack:
-// fuller is better; spread: emptier) over the node's GPU utilisation after placement
-// (NodeUtilisation) and its CPU and memory utilisation (hostUtil), less, when
-// fragmentationAware, the fit's fragmentation cost and (binpack) the GPUs it leaves empty
-// (EmptyGPUs). The scheduler's Score and kubectl dynamig's simulation share it.
-func NodeScore(gpuUtil, hostUtil float64, emptyGPUs, cost int, nodePolicy string, fragmentationAware bool) int64 {
-	if nodePolicy == api.PolicySpread {
-		gpuUtil, hostUtil = 1-gpuUtil, 1-hostUtil
-		emptyGPUs = 0
-	}
+// NodeScore is DynamicMIG's raw score of a node for a fit; NormalizeScores turns the raw
+// scores of a cycle's nodes into the scheduler's. The scheduler's Score and kubectl
+// dynamig's simulation share both.
+//
+// binpack is first fit in a fixed node order, not fullest node first: the fit that
+// destroys the fewest placements (its fragmentation cost, when fragmentationAware) wins,
+// then a node with a GPU in use already (inUse) over an empty one, then the node first by
+// name (NormalizeScores). Choosing the fullest node instead keeps less of the cluster busy
+// once pods come and go, as best fit does in dynamic bin packing: new pods chase whichever
+// node is fullest at the moment, so load stays spread over many part-used nodes. In the
+// packing benchmark's queueing replay (64 A100-40GB, 10 paired replays) the fixed order
+// cut the mean wait of the inference mix by 8 % and of the multi-GPU mix by 7 % against
+// fullest-first, and on both mixes no figure is behind first-fit's by more than its
+// standard error.
+//
+// spread: the emptier node after placement (GPU occupancy, then CPU and memory) wins, less
+// the fragmentation cost when fragmentationAware.
+func NodeScore(gpuUtil, hostUtil float64, inUse bool, cost int, nodePolicy string, fragmentationAware bool) int64 {
 	if !fragmentationAware {
-		cost, emptyGPUs = 0, 0
+		cost = 0
 	}
-	return int64(math.Round(gpuUtil*gpuWeight+hostUtil*hostWeight)) - int64(cost*fragmentationWeight) - int64(emptyGPUs*emptyGPUWeight)
+	if nodePolicy == api.PolicySpread {
+		return int64(math.Round((1-gpuUtil)*gpuWeight+(1-hostUtil)*hostWeight)) - int64(cost*fragmentationWeight)
+	}
+	// Lexicographic: a unit of cost outweighs being in use.
+	score := -2 * int64(cost)
+	if inUse {
+		score++
+	}
+	return score
+}
+
+// NormalizeScores maps the raw scores of the nodes named names onto [0, MaxNodeScore], in
+// place. binpack ranks them, highest score first and the first name on a tie, the first
+// MaxNodeScore and the last 0, so that the scheduler's pick among equal scores, which is
+// random, cannot undo the fixed order (with more than MaxNodeScore+1 nodes, neighbours in
+// the order share a score). spread scales linearly, the lowest 0 and the highest
+// MaxNodeScore, all MaxNodeScore when equal.
+func NormalizeScores(names []string, scores []int64, nodePolicy string) {
+	n := len(scores)
+	if n == 0 {
+		return
+	}
+	if nodePolicy != api.PolicySpread {
+		order := make([]int, n)
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortFunc(order, func(a, b int) int {
+			if c := cmp.Compare(scores[b], scores[a]); c != 0 {
+				return c
+			}
+			return cmp.Compare(names[a], names[b])
+		})
+		for rank, i := range order {
+			scores[i] = MaxNodeScore
+			if n > 1 {
+				scores[i] = int64(MaxNodeScore * (n - 1 - rank) / (n - 1))
+			}
+		}
+		return
+	}
+	lo, hi := slices.Min(scores), slices.Max(scores)
+	for i := range scores {
+		if hi == lo {
+			scores[i] = MaxNodeScore
+			continue
+		}
+		scores[i] = (scores[i] - lo) * MaxNodeScore / (hi - lo)
+	}
 }
 
 // HostUtilisation is the mean of a node's requested CPU and memory fractions of what it

@@ -337,6 +337,23 @@ func TestQueueReplayWaits(t *testing.T) {
 	if !math.IsNaN(o.UtilArrivals) || o.UtilDrain != 1 {
 		t.Errorf("utilisation while pending: arrivals %v, drain %v; want NaN, 1", o.UtilArrivals, o.UtilDrain)
 	}
+	// One pod queued at the last arrival, pending 9 units after it with nothing idle.
+	if o.PendingAtLast != 1 || o.DrainTime != 9 || o.IdleDrain != 0 {
+		t.Errorf("queue at last arrival %d, drain %v, idle %v; want 1, 9, 0", o.PendingAtLast, o.DrainTime, o.IdleDrain)
+	}
+}
+
+// TestDrainFollowsQueue: pairs with equal queues do not count; of the others, those where
+// the longer queue had the higher drain utilisation do.
+func TestDrainFollowsQueue(t *testing.T) {
+	run := func(queue int, drain float64) []QueueOutcome {
+		return []QueueOutcome{{PendingAtLast: queue, UtilDrain: drain}}
+	}
+	r := &Report{Queue: []QueuePanel{{Runs: [][]QueueOutcome{run(10, 0.8), run(20, 0.9), run(30, 0.85), run(30, 0.5)}}}}
+	// Pairs with differing queues: (10,20) yes, (10,30a) yes, (10,30b) no, (20,30a) no, (20,30b) no.
+	if c, n := r.drainFollowsQueue(); c != 2 || n != 5 {
+		t.Errorf("%d of %d concordant; want 2 of 5", c, n)
+	}
 }
 
 func TestPaired(t *testing.T) {
@@ -349,5 +366,17 @@ func TestPaired(t *testing.T) {
 	}
 	if w := pair([]float64{1, 1, 1}, []float64{2, 2, 2.5}, false); w.Worse() {
 		t.Errorf("%+v: lower is better, not worse", w)
+	}
+}
+
+// TestByChance: a comparison with no spread does not count; one of ten inputs with SE > 0
+// is below −1 SE with probability P(t₉ < −1) ≈ 0.172, below −2 SE with ≈ 0.038.
+func TestByChance(t *testing.T) {
+	cs := []Comparison{{Paired: Paired{SE: 0, N: 10}}, {Paired: Paired{SE: 1, N: 10}}, {Paired: Paired{SE: 1, N: 10}}}
+	if n, e := byChance(cs, 1); n != 2 || math.Abs(e-2*0.1718) > 0.001 {
+		t.Errorf("k=1: %d comparisons, %.4f expected; want 2, 0.3436", n, e)
+	}
+	if _, e := byChance(cs, 2); math.Abs(e-2*0.0383) > 0.001 {
+		t.Errorf("k=2: %.4f expected; want 0.0766", e)
 	}
 }

@@ -17,10 +17,10 @@ type Policy interface {
 }
 
 // Dynamig is the real allocator: placement.Fit on every node with the shipped options
-// (MIG binpack), scored by the scheduler plugin's placement.NodeScore without its host
-// term: 1000 × the node's GPU utilisation after placement, minus, when fragmentation is
-// on, 10 × the fragmentation cost and 100 × the GPUs left empty. The highest score wins;
-// ties go to the lowest node index.
+// (MIG binpack), scored by the scheduler plugin's placement.NodeScore (binpack: the lowest
+// fragmentation cost when fragmentation is on, then a node in use already). The highest
+// score wins and ties go to the lowest node index, as placement.NormalizeScores ranks
+// nodes named in index order.
 type Dynamig struct{ FragmentationAware bool }
 
 func (p Dynamig) Name() string {
@@ -40,7 +40,7 @@ func (p Dynamig) Place(st *State, d Demand) []Alloc {
 		if why != nil {
 			continue
 		}
-		score := placement.NodeScore(placement.NodeUtilisation(gpus, res), 0, placement.EmptyGPUs(gpus, res), res.Cost, api.PolicyBinpack, p.FragmentationAware)
+		score := placement.NodeScore(placement.NodeUtilisation(gpus, res), 0, placement.InUse(gpus), res.Cost, api.PolicyBinpack, p.FragmentationAware)
 		if best < 0 || score > bestScore {
 			best, bestScore, bestRes = n, score, res
 		}

@@ -6,6 +6,8 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"gonum.org/v1/gonum/stat/distuv"
 )
 
 // Machine describes where the benchmark ran, for the report.
@@ -55,15 +57,12 @@ func writePaired[R any](w io.Writer, policies []string, runs [][]R, figs []figur
 	fmt.Fprintln(w)
 }
 
-// shortfalls lists the figures on which dynamig is worse than a baseline by more than the
-// standard error.
-func shortfalls[R any](section, panel string, policies []string, runs [][]R, figs []figure[R]) []Shortfall {
-	var out []Shortfall
+// comparisons pairs dynamig with every baseline on every figure of one panel.
+func comparisons[R any](section, panel string, policies []string, runs [][]R, figs []figure[R]) []Comparison {
+	var out []Comparison
 	for _, f := range figs {
 		for bi := 1; bi < len(policies); bi++ {
-			if p := f.paired(runs, bi); p.Worse() {
-				out = append(out, Shortfall{section, panel, f.name, policies[bi], p})
-			}
+			out = append(out, Comparison{section, panel, f.name, policies[bi], f.paired(runs, bi)})
 		}
 	}
 	return out
@@ -81,6 +80,35 @@ var queueFigures = []figure[QueueOutcome]{
 	{"utilisation while pending, drain", func(o QueueOutcome) float64 { return o.UtilDrain }, true, true},
 	{"mean wait", func(o QueueOutcome) float64 { return o.MeanWait }, false, false},
 	{"p95 wait", func(o QueueOutcome) float64 { return o.P95Wait }, false, false},
+	{"queue at last arrival", func(o QueueOutcome) float64 { return float64(o.PendingAtLast) }, false, false},
+	{"drain length", func(o QueueOutcome) float64 { return o.DrainTime }, false, false},
+}
+
+// drainFollowsQueue counts, over every queueing panel and pair of policies whose mean queue
+// at the last arrival differs, the pairs where the longer queue also had the higher mean
+// utilisation while pending in the drain: that figure rises with the work left waiting, so
+// a policy that has served more by the last arrival shows less of it.
+func (r *Report) drainFollowsQueue() (concordant, pairs int) {
+	for _, p := range r.Queue {
+		queue := make([]float64, len(p.Runs))
+		drain := make([]float64, len(p.Runs))
+		for pi, runs := range p.Runs {
+			queue[pi], _ = meanSD(values(runs, queueFigures[4].of))
+			drain[pi], _ = meanSD(values(runs, queueFigures[1].of))
+		}
+		for i := range queue {
+			for j := i + 1; j < len(queue); j++ {
+				if queue[i] == queue[j] || math.IsNaN(drain[i]) || math.IsNaN(drain[j]) {
+					continue
+				}
+				pairs++
+				if (queue[i] > queue[j]) == (drain[i] > drain[j]) {
+					concordant++
+				}
+			}
+		}
+	}
+	return concordant, pairs
 }
 
 // values reads one figure from each run.
@@ -92,24 +120,49 @@ func values[R any](runs []R, of func(R) float64) []float64 {
 	return out
 }
 
-// Shortfall is a paired figure on which dynamig is worse than a baseline by more than the
-// standard error.
-type Shortfall struct {
+// Comparison is dynamig paired with one baseline on one figure of one panel.
+type Comparison struct {
 	Section, Panel, Figure, Baseline string
 	Paired                           Paired
 }
 
-// Shortfalls lists every paired inflation-fill and queueing figure where dynamig is worse
-// than a baseline by more than its standard error.
-func (r *Report) Shortfalls() []Shortfall {
-	var out []Shortfall
+// Comparisons lists every paired inflation-fill and queueing comparison.
+func (r *Report) Comparisons() []Comparison {
+	var out []Comparison
 	for _, p := range r.Inflation {
-		out = append(out, shortfalls("inflation fill", fmt.Sprintf("%s on %d × %s", p.Workload, p.GPUs, p.Cluster), r.Policies, p.Runs, inflationFigures)...)
+		out = append(out, comparisons("inflation fill", fmt.Sprintf("%s on %d × %s", p.Workload, p.GPUs, p.Cluster), r.Policies, p.Runs, inflationFigures)...)
 	}
 	for _, p := range r.Queue {
-		out = append(out, shortfalls("queueing replay", fmt.Sprintf("%s on %d × %s", p.Workload, p.GPUs, p.Cluster), r.Policies, p.Runs, queueFigures)...)
+		out = append(out, comparisons("queueing replay", fmt.Sprintf("%s on %d × %s", p.Workload, p.GPUs, p.Cluster), r.Policies, p.Runs, queueFigures)...)
 	}
 	return out
+}
+
+// Shortfalls lists the comparisons where dynamig is worse than the baseline by more than
+// the standard error.
+func (r *Report) Shortfalls() []Comparison {
+	var out []Comparison
+	for _, c := range r.Comparisons() {
+		if c.Paired.Worse() {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// byChance is, over the comparisons whose differences vary (SE > 0), how many there are
+// and how many of them would show dynamig worse by more than k standard errors if it and
+// the baseline were equal: the mean difference over SE follows Student's t with N−1
+// degrees of freedom, which is below −k with probability T(−k).
+func byChance(cs []Comparison, k float64) (n int, expected float64) {
+	for _, c := range cs {
+		if c.Paired.SE <= 0 || c.Paired.N < 2 {
+			continue
+		}
+		n++
+		expected += distuv.StudentsT{Mu: 0, Sigma: 1, Nu: float64(c.Paired.N - 1)}.CDF(-k)
+	}
+	return n, expected
 }
 
 func pct(x float64) string { return fmt.Sprintf("%.1f %%", 100*x) }
@@ -187,6 +240,19 @@ func (r *Report) writeSummary(w io.Writer) {
 		fmt.Fprintf(w, "On every paired inflation-fill and queueing figure below, dynamig is at least as good as every baseline within one standard error.\n\n")
 	} else {
 		fmt.Fprintf(w, "Paired figures below where dynamig is worse than a baseline by more than one standard error (%d):\n\n", len(short))
+		all := r.Comparisons()
+		n, one := byChance(all, 1)
+		_, two := byChance(all, 2)
+		beyondTwo := 0
+		for _, c := range short {
+			if c.Paired.WorseBy(2) {
+				beyondTwo++
+			}
+		}
+		fmt.Fprintf(w, "Of the %d paired comparisons whose differences vary, about %.0f would show dynamig worse by more than one standard error by chance alone were it equal to every baseline (%.0f beyond two; Student's t, N − 1 degrees of freedom); %d are, %d of them beyond two.\n\n", n, one, two, len(short), beyondTwo)
+		if c, n := r.drainFollowsQueue(); n > 0 {
+			fmt.Fprintf(w, "*Utilisation while pending, drain* rises with the queue a policy has left at the last arrival (more waiting pods fill more of the room that departures free): of the %d pairs of policies whose mean queues differ, the one with the longer queue has the higher drain utilisation in %d. It is reported as measured, but a policy that has served more pods by then shows less of it.\n\n", n, c)
+		}
 		for _, s := range short {
 			fmt.Fprintf(w, "- %s, %s, %s vs %s: %+.4f ± %.4f (%d/%d/%d)\n", s.Section, s.Panel, s.Figure, s.Baseline, s.Paired.Mean, s.Paired.SE, s.Paired.Win, s.Paired.Tie, s.Paired.Loss)
 		}
@@ -324,7 +390,7 @@ func (r *Report) writeQueue(w io.Writer) {
 	fmt.Fprintf(w, "A pod that does not fit waits. After every departure the pending pods are retried in arrival order, a pod that does not fit not blocking later ones; an arrival is tried at once. "+
 		"Arrivals: a trace is scaled to offered load %.2f (arrival times divided so that the mean requested slots over the arrival span equal %.2f × the cluster's slots; durations kept) and replayed %d times, replay 0 as is and the others with every arrival jittered by a uniform fraction of the mean interarrival time; "+
 		"a generated mix is %d pods with Poisson arrivals at that load and exponential lifetimes, %d seeds. Every policy gets the same replays (paired). "+
-		"*Utilisation while pending* is the time-averaged share of slots in use while at least one pod waits, split at the last arrival (*arrivals*: while arrivals still come; *drain*: after, when the queue empties). "+
+		"*Utilisation while pending* is the time-averaged share of slots in use while at least one pod waits, split at the last arrival (*arrivals*: while arrivals still come; *drain*: after, when the queue empties); *queue at last arrival* counts the pods waiting then and *drain length* is how long pods wait after it (lower is better for both). "+
 		"Waits are in hours of the trace's own time (durations are kept) and, for a generated mix, in mean pod lifetimes; p95 by size is per smallest profile (and device count).\n\n",
 		cfg.QueueLoad, cfg.QueueLoad, cfg.QueueReplays, cfg.QueuePods, cfg.QueueReplays)
 	for _, p := range r.Queue {

@@ -48,11 +48,15 @@ func pair(a, b []float64, higherIsBetter bool) Paired {
 
 // Worse reports whether dynamig is worse than the baseline by more than the standard
 // error.
-func (p Paired) Worse() bool {
+func (p Paired) Worse() bool { return p.WorseBy(1) }
+
+// WorseBy reports whether dynamig is worse than the baseline by more than k standard
+// errors.
+func (p Paired) WorseBy(k float64) bool {
 	if p.higherIsBetter {
-		return p.Mean < -p.SE-tieTolerance
+		return p.Mean < -k*p.SE-tieTolerance
 	}
-	return p.Mean > p.SE+tieTolerance
+	return p.Mean > k*p.SE+tieTolerance
 }
 
 func meanSD(xs []float64) (mean, sd float64) {
