@@ -1,6 +1,7 @@
 package dynamicmig
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -534,5 +535,25 @@ func TestNodeDevicesBackActivatePendingPods(t *testing.T) {
 	}
 	if e.activator.waitFor(t, "default/full", func() {}) {
 		t.Error("a bound pod was activated")
+	}
+}
+
+// TestBinpackFirstFitByName: binpack fills nodes in name order whatever order the
+// scheduler lists them in: whole GPUs go to "a" until it is full, then to "b", although
+// "c" comes first and a full node is no longer the fuller choice once "b" is in use.
+func TestBinpackFirstFitByName(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{
+		gpuNode(t, "c", api.ModeMIG, "A100-40GB", "A100-40GB"),
+		gpuNode(t, "a", api.ModeMIG, "A100-40GB", "A100-40GB"),
+		gpuNode(t, "b", api.ModeMIG, "A100-40GB", "A100-40GB"),
+	})
+	for i, want := range []string{"a", "a", "b", "b", "c"} {
+		bound, statuses := e.schedule(gpuPod(fmt.Sprintf("p%d", i), api.ModeMIG, [2]int{1, 0}))
+		if bound == nil {
+			t.Fatalf("p%d unschedulable: %s", i, reasons(statuses))
+		}
+		if bound.Spec.NodeName != want {
+			t.Errorf("p%d on %s, want %s", i, bound.Spec.NodeName, want)
+		}
 	}
 }
