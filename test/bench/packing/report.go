@@ -57,6 +57,27 @@ func writePaired[R any](w io.Writer, policies []string, runs [][]R, figs []figur
 	fmt.Fprintln(w)
 }
 
+// writeMeans writes the table of each policy's mean ± standard deviation on every figure.
+func writeMeans[R any](w io.Writer, policies []string, runs [][]R, figs []figure[R]) {
+	fmt.Fprintf(w, "| policy |")
+	for _, f := range figs {
+		fmt.Fprintf(w, " %s |", f.name)
+	}
+	fmt.Fprintf(w, "\n|---|%s\n", strings.Repeat("---:|", len(figs)))
+	for pi, name := range policies {
+		fmt.Fprintf(w, "| %s |", name)
+		for _, f := range figs {
+			m, sd := meanSD(values(runs[pi], f.of))
+			if f.share {
+				fmt.Fprintf(w, " %s ± %.2f |", pct(m), 100*sd)
+			} else {
+				fmt.Fprintf(w, " %.3g ± %.2g |", m, sd)
+			}
+		}
+		fmt.Fprintln(w)
+	}
+}
+
 // comparisons pairs dynamig with every baseline on every figure of one panel.
 func comparisons[R any](section, panel string, policies []string, runs [][]R, figs []figure[R]) []Comparison {
 	var out []Comparison
@@ -363,19 +384,7 @@ func (r *Report) writeInflation(w io.Writer) {
 		cfg.FillGPUs, 100*MaxOffered, cfg.Orders, cfg.Orders+1)
 	for _, p := range r.Inflation {
 		fmt.Fprintf(w, "### %s on %d × %s\n\n", p.Workload, p.GPUs, p.Cluster)
-		fmt.Fprintf(w, "| policy |")
-		for _, f := range inflationFigures {
-			fmt.Fprintf(w, " %s |", f.name)
-		}
-		fmt.Fprintf(w, "\n|---|%s\n", strings.Repeat("---:|", len(inflationFigures)))
-		for pi, name := range r.Policies {
-			fmt.Fprintf(w, "| %s |", name)
-			for _, f := range inflationFigures {
-				m, sd := meanSD(values(p.Runs[pi], f.of))
-				fmt.Fprintf(w, " %s ± %.2f |", pct(m), 100*sd)
-			}
-			fmt.Fprintln(w)
-		}
+		writeMeans(w, r.Policies, p.Runs, inflationFigures)
 		c100, _ := meanSD(p.Capacity100)
 		k100, _ := meanSD(p.Packing100)
 		k130, _ := meanSD(p.Packing130)
@@ -418,35 +427,16 @@ func (r *Report) writeQueue(w io.Writer) {
 		}
 		slices.SortFunc(labels, compareSizeLabels)
 		fmt.Fprintf(w, "### %s on %d × %s (%d pods; waits in %s)\n\n", p.Workload, p.GPUs, p.Cluster, p.Pods, p.TimeUnit)
-		fmt.Fprintf(w, "| policy |")
-		for _, f := range queueFigures {
-			fmt.Fprintf(w, " %s |", f.name)
-		}
+		figs := slices.Clone(queueFigures)
 		for _, l := range labels {
-			fmt.Fprintf(w, " p95 %s |", l)
-		}
-		fmt.Fprintf(w, "\n|---|%s\n", strings.Repeat("---:|", len(queueFigures)+len(labels)))
-		for pi, name := range r.Policies {
-			fmt.Fprintf(w, "| %s |", name)
-			for _, f := range queueFigures {
-				m, sd := meanSD(values(p.Runs[pi], f.of))
-				if f.share {
-					fmt.Fprintf(w, " %s ± %.2f |", pct(m), 100*sd)
-				} else {
-					fmt.Fprintf(w, " %.3g ± %.2g |", m, sd)
+			figs = append(figs, figure[QueueOutcome]{name: "p95 " + l, of: func(o QueueOutcome) float64 {
+				if v, ok := o.P95BySize[l]; ok {
+					return v
 				}
-			}
-			for _, l := range labels {
-				m, _ := meanSD(values(p.Runs[pi], func(o QueueOutcome) float64 {
-					if v, ok := o.P95BySize[l]; ok {
-						return v
-					}
-					return math.NaN()
-				}))
-				fmt.Fprintf(w, " %.3g |", m)
-			}
-			fmt.Fprintln(w)
+				return math.NaN()
+			}})
 		}
+		writeMeans(w, r.Policies, p.Runs, figs)
 		fmt.Fprintf(w, "\nPaired, dynamig − baseline ± standard error (wins/ties/losses; utilisation in percentage points, higher is better; waits, lower is better):\n\n")
 		writePaired(w, r.Policies, p.Runs, queueFigures)
 	}
