@@ -25,8 +25,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
@@ -34,6 +32,7 @@ import (
 	"github.com/dynamig/dynamig/signing"
 	"github.com/dynamig/dynamig/test/sandbox"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
+	"github.com/dynamig/dynamig/test/sandbox/sandboxtest"
 )
 
 const (
@@ -66,12 +65,7 @@ func TestMain(m *testing.M) {
 }
 
 // world is one suite's sandbox.
-type world struct {
-	t   *testing.T
-	ctx context.Context
-	sb  *sandbox.Sandbox
-	c   kubernetes.Interface
-}
+type world struct{ sandboxtest.World }
 
 func start(t *testing.T, nodes ...sandboxconfig.NodeConfig) *world {
 	t.Helper()
@@ -105,7 +99,7 @@ func startSandbox(t *testing.T, installFile string, cfg sandboxconfig.Config) *w
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sb.Stop(); cancel() })
-	return &world{t: t, ctx: ctx, sb: sb, c: sb.Client()}
+	return &world{sandboxtest.World{T: t, Ctx: ctx, SB: sb, C: sb.Client()}}
 }
 
 func mig(name string, gpus ...string) sandboxconfig.NodeConfig {
@@ -130,44 +124,13 @@ func pod(name, mode string, devices, memory int, annotations ...string) *v1.Pod 
 	return p
 }
 
-func (w *world) create(pods ...*v1.Pod) {
-	w.t.Helper()
-	for _, p := range pods {
-		if _, err := w.c.CoreV1().Pods(p.Namespace).Create(w.ctx, p, metav1.CreateOptions{}); err != nil {
-			w.t.Fatalf("creating %s: %v", p.Name, err)
-		}
-	}
-}
-
-func (w *world) get(name string) *v1.Pod {
-	w.t.Helper()
-	p, err := w.c.CoreV1().Pods("default").Get(w.ctx, name, metav1.GetOptions{})
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return p
-}
-
-func (w *world) waitFor(what string, timeout time.Duration, cond func() (bool, string)) {
-	w.t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(w.ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		ok, why := cond()
-		last = why
-		return ok, nil
-	})
-	if err != nil {
-		w.t.Fatalf("waiting for %s: %s", what, last)
-	}
-}
-
 // running waits until the pods run with every reservation realised, and returns them.
 func (w *world) running(names ...string) map[string][]api.MigReservation {
-	w.t.Helper()
+	w.T.Helper()
 	out := map[string][]api.MigReservation{}
-	w.waitFor(strings.Join(names, ", ")+" running", 90*time.Second, func() (bool, string) {
+	w.WaitFor(strings.Join(names, ", ")+" running", 90*time.Second, func() (bool, string) {
 		for _, n := range names {
-			p, err := w.c.CoreV1().Pods("default").Get(w.ctx, n, metav1.GetOptions{})
+			p, err := w.C.CoreV1().Pods("default").Get(w.Ctx, n, metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
 			}
@@ -194,12 +157,12 @@ func (w *world) running(names ...string) map[string][]api.MigReservation {
 
 // pending asserts the pod stays unscheduled and returns its FailedScheduling message.
 func (w *world) pending(name string) string {
-	w.t.Helper()
+	w.T.Helper()
 	var msg string
-	w.waitFor(name+" reported unschedulable", 30*time.Second, func() (bool, string) {
-		p := w.get(name)
+	w.WaitFor(name+" reported unschedulable", 30*time.Second, func() (bool, string) {
+		p := w.Get(name)
 		if p.Spec.NodeName != "" {
-			w.t.Fatalf("%s was bound to %s", name, p.Spec.NodeName)
+			w.T.Fatalf("%s was bound to %s", name, p.Spec.NodeName)
 		}
 		for _, c := range p.Status.Conditions {
 			if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Message != "" {
@@ -213,7 +176,7 @@ func (w *world) pending(name string) string {
 }
 
 func lastEvent(w *world, p *v1.Pod) string {
-	evs, err := w.c.CoreV1().Events(p.Namespace).List(w.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name})
+	evs, err := w.C.CoreV1().Events(p.Namespace).List(w.Ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name})
 	if err != nil || len(evs.Items) == 0 {
 		return "no events"
 	}
@@ -223,10 +186,10 @@ func lastEvent(w *world, p *v1.Pod) string {
 
 // instances is the simulated NVML state of a node, by pod name.
 func (w *world) instances(node string) map[string][]sandbox.Instance {
-	w.t.Helper()
-	list, err := w.sb.Instances(node)
+	w.T.Helper()
+	list, err := w.SB.Instances(node)
 	if err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
 	out := map[string][]sandbox.Instance{}
 	for _, in := range list {
@@ -237,19 +200,19 @@ func (w *world) instances(node string) map[string][]sandbox.Instance {
 
 // sameHardware asserts that NVML holds exactly the pods' realised reservations.
 func (w *world) sameHardware(node string, recs map[string][]api.MigReservation) {
-	w.t.Helper()
+	w.T.Helper()
 	hw := w.instances(node)
 	for name, rs := range recs {
 		got := hw[name]
 		if len(got) != len(rs) {
-			w.t.Errorf("%s: %d reservations, %d instances on %s: %v", name, len(rs), len(got), node, got)
+			w.T.Errorf("%s: %d reservations, %d instances on %s: %v", name, len(rs), len(got), node, got)
 			continue
 		}
 		for _, r := range rs {
 			if !slices.ContainsFunc(got, func(in sandbox.Instance) bool {
 				return in.GPUUUID == r.GPUUUID && in.Profile == r.Profile && in.Placement == r.Placement && uint32(in.GPUInstanceID) == *r.GPUInstanceID
 			}) {
-				w.t.Errorf("%s: reservation %s %s on %s has no matching instance: %v", name, r.Profile, r.Placement, r.GPUUUID, got)
+				w.T.Errorf("%s: reservation %s %s on %s has no matching instance: %v", name, r.Profile, r.Placement, r.GPUUUID, got)
 			}
 		}
 	}
@@ -272,17 +235,17 @@ func noOverlap(t *testing.T, recs map[string][]api.MigReservation) {
 }
 
 func (w *world) delete(names ...string) {
-	w.t.Helper()
+	w.T.Helper()
 	for _, n := range names {
-		if err := w.c.CoreV1().Pods("default").Delete(w.ctx, n, metav1.DeleteOptions{}); err != nil {
-			w.t.Fatal(err)
+		if err := w.C.CoreV1().Pods("default").Delete(w.Ctx, n, metav1.DeleteOptions{}); err != nil {
+			w.T.Fatal(err)
 		}
 	}
 }
 
 func (w *world) gone(node string, names ...string) {
-	w.t.Helper()
-	w.waitFor("instances of "+strings.Join(names, ", ")+" reclaimed on "+node, 60*time.Second, func() (bool, string) {
+	w.T.Helper()
+	w.WaitFor("instances of "+strings.Join(names, ", ")+" reclaimed on "+node, 60*time.Second, func() (bool, string) {
 		hw := w.instances(node)
 		for _, n := range names {
 			if len(hw[n]) > 0 {
@@ -347,14 +310,14 @@ func seedExample(t *testing.T, w *world, scheduler string) {
 				p.Namespace = "default"
 			}
 		}
-		w.create(pods...)
+		w.Create(pods...)
 	}
 	recs := w.running("gpu-pod1", "mig-workload")
 	if len(recs["gpu-pod1"]) != 2 || len(recs["mig-workload"]) != 1 {
 		t.Fatalf("reservations: %v", recs)
 	}
 	for _, name := range []string{"gpu-pod1", "mig-workload"} {
-		if got := w.get(name).Spec.SchedulerName; got != scheduler {
+		if got := w.Get(name).Spec.SchedulerName; got != scheduler {
 			t.Errorf("%s: schedulerName %q, want the webhook's %q", name, got, scheduler)
 		}
 	}
@@ -384,44 +347,44 @@ func (w *world) checkKubectlDynamig(recs map[string][]api.MigReservation) {
 	for _, want := range []string{"mig-node  heartbeat fresh", "|a a b b c c . .|", "[0,2)  2g.10gb  default/gpu-pod1", "[2,4)  2g.10gb  default/gpu-pod1",
 		"[4,6)  2g.10gb  default/mig-workload", "[6,8)  free", "room   1g.5gb 1 at [6,7)"} {
 		if !strings.Contains(nodes, want) {
-			w.t.Errorf("kubectl dynamig nodes lacks %q:\n%s", want, nodes)
+			w.T.Errorf("kubectl dynamig nodes lacks %q:\n%s", want, nodes)
 		}
 	}
 	pods := run("pods", "-A", "-o", "wide")
 	for name, rs := range recs {
 		for _, r := range rs {
 			if !strings.Contains(pods, r.MigUUID) || !strings.Contains(pods, name) {
-				w.t.Errorf("kubectl dynamig pods -A lacks %s's %s:\n%s", name, r.MigUUID, pods)
+				w.T.Errorf("kubectl dynamig pods -A lacks %s's %s:\n%s", name, r.MigUUID, pods)
 			}
 		}
 	}
 	if !strings.Contains(pods, "realised") {
-		w.t.Errorf("kubectl dynamig pods -A:\n%s", pods)
+		w.T.Errorf("kubectl dynamig pods -A:\n%s", pods)
 	}
 	// Both sandbox nodes have an A100-40GB: models says so.
 	if models := run("models"); !regexp.MustCompile(`(?m)^A100-40GB +NVIDIA A100-SXM4-40GB +2 on 2 nodes `).MatchString(models) {
-		w.t.Errorf("kubectl dynamig models does not count the cluster's two A100-40GB:\n%s", models)
+		w.T.Errorf("kubectl dynamig models does not count the cluster's two A100-40GB:\n%s", models)
 	}
 	// A 3g.20gb MIG pod cannot fit beside the three 2g.10gb: explain says so per node.
 	big := pod("too-big", api.ModeMIG, 1, 19000)
 	big.Spec.SchedulerName = "" // the webhook names the installed scheduler
-	w.create(big)
+	w.Create(big)
 	explain := run("explain", "too-big", "-n", "default")
 	for _, want := range []string{"mig-node    no     all MIG placements taken", "every placement of 3g.20gb is taken", "core-node   no"} {
 		if !strings.Contains(explain, want) {
-			w.t.Errorf("kubectl dynamig explain lacks %q:\n%s", want, explain)
+			w.T.Errorf("kubectl dynamig explain lacks %q:\n%s", want, explain)
 		}
 	}
 }
 
 // kubectlDynamig runs bin/kubectl-dynamig against the sandbox and returns its stdout.
 func (w *world) kubectlDynamig(args ...string) string {
-	w.t.Helper()
+	w.T.Helper()
 	var out, errOut bytes.Buffer
-	cmd := exec.CommandContext(w.ctx, kubectlDynamigBinary, append([]string{"--kubeconfig", w.sb.Kubeconfig()}, args...)...)
+	cmd := exec.CommandContext(w.Ctx, kubectlDynamigBinary, append([]string{"--kubeconfig", w.SB.Kubeconfig()}, args...)...)
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {
-		w.t.Fatalf("kubectl dynamig %v: %v: %s", args, err, errOut.String())
+		w.T.Fatalf("kubectl dynamig %v: %v: %s", args, err, errOut.String())
 	}
 	return out.String()
 }
@@ -431,9 +394,9 @@ func (w *world) kubectlDynamig(args ...string) string {
 // and a device plugin's with its node, the node of what it wrote.
 func (w *world) componentsAsServiceAccounts() {
 	const podKey, nodeKey = "authentication.kubernetes.io/pod-name", "authentication.kubernetes.io/node-name"
-	events, err := w.sb.ControlPlane().AuditEvents()
+	events, err := w.SB.ControlPlane().AuditEvents()
 	if err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
 	seen := map[string]int{}
 	for _, ev := range events {
@@ -444,30 +407,30 @@ func (w *world) componentsAsServiceAccounts() {
 		seen[user]++
 		pod, node := ev.User.Extra[podKey], ev.User.Extra[nodeKey]
 		if len(pod) != 1 {
-			w.t.Errorf("%s wrote %s %v without a pod-bound token (extra %v)", user, ev.Verb, ev.ObjectRef, ev.User.Extra)
+			w.T.Errorf("%s wrote %s %v without a pod-bound token (extra %v)", user, ev.Verb, ev.ObjectRef, ev.User.Extra)
 			continue
 		}
 		if strings.HasSuffix(user, "dynamig-device-plugin") {
 			if len(node) != 1 || pod[0] != "dynamig-device-plugin-"+node[0] {
-				w.t.Errorf("device plugin write %s %v: pod %v, node %v", ev.Verb, ev.ObjectRef, pod, node)
+				w.T.Errorf("device plugin write %s %v: pod %v, node %v", ev.Verb, ev.ObjectRef, pod, node)
 			}
 			if r := ev.ObjectRef; r != nil && r.Resource == "nodes" && len(node) == 1 && r.Name != node[0] {
-				w.t.Errorf("the device plugin of %s wrote Node %s", node[0], r.Name)
+				w.T.Errorf("the device plugin of %s wrote Node %s", node[0], r.Name)
 			}
 		}
 	}
 	if seen["system:serviceaccount:dynamig-system:dynamig-scheduler"] == 0 || seen["system:serviceaccount:dynamig-system:dynamig-device-plugin"] == 0 {
-		w.t.Errorf("writes per component at the API server: %v", seen)
+		w.T.Errorf("writes per component at the API server: %v", seen)
 	}
 }
 
 func (w *world) seesOwnDevices(podName, container string, recs []api.MigReservation) {
-	w.t.Helper()
-	env, err := w.sb.ContainerEnv(w.ctx, "default", podName, container)
+	w.T.Helper()
+	env, err := w.SB.ContainerEnv(w.Ctx, "default", podName, container)
 	if err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
-	p := w.get(podName)
+	p := w.Get(podName)
 	all := append(append([]v1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...)
 	var want []string
 	for _, r := range recs {
@@ -476,7 +439,7 @@ func (w *world) seesOwnDevices(podName, container string, recs []api.MigReservat
 		}
 	}
 	if got := env["NVIDIA_VISIBLE_DEVICES"]; got != strings.Join(want, ",") || len(want) == 0 {
-		w.t.Errorf("%s/%s sees NVIDIA_VISIBLE_DEVICES=%q, want its own %q", podName, container, got, strings.Join(want, ","))
+		w.T.Errorf("%s/%s sees NVIDIA_VISIBLE_DEVICES=%q, want its own %q", podName, container, got, strings.Join(want, ","))
 	}
 }
 
@@ -488,7 +451,7 @@ func TestSidecarWithGPU(t *testing.T) {
 	sidecar := p.Spec.Containers[0]
 	sidecar.Name, sidecar.RestartPolicy = "sidecar", ptr.To(v1.ContainerRestartPolicyAlways)
 	p.Spec.InitContainers = []v1.Container{sidecar}
-	w.create(p)
+	w.Create(p)
 	recs := w.running("with-sidecar")
 	if len(recs["with-sidecar"]) != 2 {
 		t.Fatalf("reservations %v, want one for the sidecar and one for main", recs)
@@ -501,7 +464,7 @@ func TestSidecarWithGPU(t *testing.T) {
 
 func TestMixedProfilesOnOneGPU(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
-	w.create(pod("small", "mig", 1, 4000), pod("medium", "mig", 1, 9000), pod("large", "mig", 1, 19000))
+	w.Create(pod("small", "mig", 1, 4000), pod("medium", "mig", 1, 9000), pod("large", "mig", 1, 19000))
 	recs := w.running("small", "medium", "large")
 	want := map[string]string{"small": "1g.5gb", "medium": "2g.10gb", "large": "3g.20gb"}
 	for name, profile := range want {
@@ -518,9 +481,9 @@ func TestMixedProfilesOnOneGPU(t *testing.T) {
 
 func TestExhaustionThenReclaim(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
-	w.create(pod("a", "mig", 1, 19000), pod("b", "mig", 1, 19000))
+	w.Create(pod("a", "mig", 1, 19000), pod("b", "mig", 1, 19000))
 	recs := w.running("a", "b")
-	w.create(pod("c", "mig", 1, 4000))
+	w.Create(pod("c", "mig", 1, 4000))
 	if msg := w.pending("c"); !strings.Contains(msg, "all MIG placements taken") {
 		t.Errorf("c's reason: %q", msg)
 	}
@@ -551,12 +514,12 @@ func TestSmallestProfileAcrossModels(t *testing.T) {
 	}
 	w := start(t, nodes...)
 	uuids := map[string]string{}
-	for _, n := range w.sb.Nodes() {
+	for _, n := range w.SB.Nodes() {
 		uuids[n.Name] = n.GPUUUIDs[0]
 	}
 	var names []string
 	for _, c := range cases {
-		w.create(pod("p-"+c.node, "mig", 1, 8000, api.UseGPUUUIDAnnotation, uuids[c.node]))
+		w.Create(pod("p-"+c.node, "mig", 1, 8000, api.UseGPUUUIDAnnotation, uuids[c.node]))
 		names = append(names, "p-"+c.node)
 	}
 	recs := w.running(names...)
@@ -572,12 +535,12 @@ func TestSmallestProfileAcrossModels(t *testing.T) {
 
 func TestModeRouting(t *testing.T) {
 	w := start(t) // mig-node and core-node
-	w.create(pod("m", "mig", 1, 4000), pod("h", "hami-core", 1, 4000), pod("either", "", 1, 4000))
+	w.Create(pod("m", "mig", 1, 4000), pod("h", "hami-core", 1, 4000), pod("either", "", 1, 4000))
 	recs := w.running("m", "h", "either")
-	if n := w.get("m").Spec.NodeName; n != "mig-node" {
+	if n := w.Get("m").Spec.NodeName; n != "mig-node" {
 		t.Errorf("mig pod on %s", n)
 	}
-	h := w.get("h")
+	h := w.Get("h")
 	if h.Spec.NodeName != "core-node" || h.Annotations[api.DevicesAllocatedAnnotation] == "" || h.Annotations[api.MigReservationsAnnotation] != "" {
 		t.Errorf("hami-core pod: node %s, annotations %v", h.Spec.NodeName, h.Annotations)
 	}
@@ -585,7 +548,7 @@ func TestModeRouting(t *testing.T) {
 		t.Errorf("a hami-core node gets no MIG instance")
 	}
 	w.seesOwnDevices("m", "main", recs["m"])
-	if e := w.get("either"); e.Spec.NodeName == "mig-node" {
+	if e := w.Get("either"); e.Spec.NodeName == "mig-node" {
 		w.seesOwnDevices("either", "main", recs["either"])
 	}
 	// The hami-core pod sees its one share: the core node's GPU and HAMi-core's limit.
@@ -593,7 +556,7 @@ func TestModeRouting(t *testing.T) {
 	if err != nil || len(shares) != 1 || len(shares[0]) != 1 {
 		t.Fatalf("h's shares %v: %v", shares, err)
 	}
-	env, err := w.sb.ContainerEnv(w.ctx, "default", "h", "main")
+	env, err := w.SB.ContainerEnv(w.Ctx, "default", "h", "main")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -616,36 +579,36 @@ func TestNodeRestarts(t *testing.T) {
 		restarts int32 // of the container, after; -1: either (a reboot's count depends on whether the kubelet saw the container missing before it made it again)
 		newUUIDs bool
 	}{
-		{"device plugin", func(w *world) error { return w.sb.RestartDevicePlugin(w.ctx, "n") }, 0, false},
-		{"kubelet", func(w *world) error { return w.sb.RestartKubelet(w.ctx, "n") }, 0, false},
-		{"container", func(w *world) error { return w.sb.FinishPod(w.ctx, "default", "a", false) }, 1, false},
-		{"reboot", func(w *world) error { return w.sb.RebootNode(w.ctx, "n") }, -1, true},
+		{"device plugin", func(w *world) error { return w.SB.RestartDevicePlugin(w.Ctx, "n") }, 0, false},
+		{"kubelet", func(w *world) error { return w.SB.RestartKubelet(w.Ctx, "n") }, 0, false},
+		{"container", func(w *world) error { return w.SB.FinishPod(w.Ctx, "default", "a", false) }, 1, false},
+		{"reboot", func(w *world) error { return w.SB.RebootNode(w.Ctx, "n") }, -1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := start(t, mig("n", "A100-40GB"))
-			w.create(pod("a", "mig", 2, 9000))
+			w.Create(pod("a", "mig", 2, 9000))
 			recs := w.running("a")
 			before := w.instances("n")
-			uid := w.get("a").UID
-			first, _ := w.sb.Container("n", uid, "main")
+			uid := w.Get("a").UID
+			first, _ := w.SB.Container("n", uid, "main")
 			if err := tc.restart(w); err != nil {
 				t.Fatal(err)
 			}
 			if tc.restarts > 0 {
-				w.waitFor("a's container restarted", 60*time.Second, func() (bool, string) {
-					p := w.get("a")
+				w.WaitFor("a's container restarted", 60*time.Second, func() (bool, string) {
+					p := w.Get("a")
 					return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount == tc.restarts && p.Status.ContainerStatuses[0].State.Running != nil,
 						fmt.Sprintf("%+v", p.Status.ContainerStatuses)
 				})
 			}
 			if tc.newUUIDs {
-				w.waitFor("a's container created again", 90*time.Second, func() (bool, string) {
-					c, ok := w.sb.Container("n", uid, "main")
+				w.WaitFor("a's container created again", 90*time.Second, func() (bool, string) {
+					c, ok := w.SB.Container("n", uid, "main")
 					return ok && c.Boot > first.Boot, "the runtime has not created it yet"
 				})
 			}
 			after := w.running("a")
-			if p := w.get("a"); tc.restarts == 0 && p.Status.ContainerStatuses[0].RestartCount != 0 {
+			if p := w.Get("a"); tc.restarts == 0 && p.Status.ContainerStatuses[0].RestartCount != 0 {
 				t.Errorf("a restarted %d times", p.Status.ContainerStatuses[0].RestartCount)
 			}
 			hw := w.instances("n")
@@ -663,10 +626,10 @@ func TestNodeRestarts(t *testing.T) {
 			if !tc.newUUIDs && (len(hw["a"]) != 2 || hw["a"][0] != before["a"][0] || hw["a"][1] != before["a"][1]) {
 				t.Errorf("instances changed: %v → %v", before, hw)
 			}
-			if c, _ := w.sb.Container("n", uid, "main"); tc.restarts == 0 && !tc.newUUIDs && (c.ID != first.ID || c.Attempt != first.Attempt || c.Boot != first.Boot) {
+			if c, _ := w.SB.Container("n", uid, "main"); tc.restarts == 0 && !tc.newUUIDs && (c.ID != first.ID || c.Attempt != first.Attempt || c.Boot != first.Boot) {
 				t.Errorf("the container was created again (%s → %s)", first.ID, c.ID)
 			}
-			w.create(pod("b", "mig", 1, 4000))
+			w.Create(pod("b", "mig", 1, 4000))
 			got := w.running("b")
 			got["a"] = after["a"]
 			noOverlap(t, got)
@@ -683,21 +646,21 @@ func TestNodeRestarts(t *testing.T) {
 // controller would, the loser is placed and runs beside the winner.
 func TestInFlightBindingLoses(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
-	w.create(pod("winner", "mig", 1, 9000))
+	w.Create(pod("winner", "mig", 1, 9000))
 	won := w.running("winner")["winner"][0]
 	key := w.schedulerKey()
 	loser := pod("loser", "mig", 1, 9000)
 	loser.Spec.SchedulerName = "nobody" // bound below, as the old scheduler's Binding
 	// The admission policies let only dynamig-scheduler write a Binding with a reservation;
 	// the test writes the old scheduler's, so they are lifted (the signature still holds).
-	if err := w.c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().DeleteCollection(w.ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+	if err := w.C.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().DeleteCollection(w.Ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w.waitFor("loser created", 30*time.Second, func() (bool, string) {
-		_, err := w.c.CoreV1().Pods("default").Create(w.ctx, loser, metav1.CreateOptions{})
+	w.WaitFor("loser created", 30*time.Second, func() (bool, string) {
+		_, err := w.C.CoreV1().Pods("default").Create(w.Ctx, loser, metav1.CreateOptions{})
 		return err == nil, fmt.Sprint(err)
 	})
-	created := w.get("loser")
+	created := w.Get("loser")
 	annotations := map[string]string{
 		api.MigReservationsAnnotation: fmt.Sprintf(`[{"containerIndex":0,"deviceIndex":0,"gpuUUID":%q,"profile":%q,"placement":{"start":%d,"size":%d}}]`,
 			won.GPUUUID, won.Profile, won.Placement.Start, won.Placement.Size),
@@ -706,7 +669,7 @@ func TestInFlightBindingLoses(t *testing.T) {
 	if err := api.SignReservation(key, string(created.UID), "n", annotations); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.c.CoreV1().Pods("default").Bind(w.ctx, &v1.Binding{
+	if err := w.C.CoreV1().Pods("default").Bind(w.Ctx, &v1.Binding{
 		ObjectMeta: metav1.ObjectMeta{Name: "loser", Namespace: "default", UID: created.UID, Annotations: annotations},
 		Target:     v1.ObjectReference{Kind: "Node", Name: "n"},
 	}, metav1.CreateOptions{}); err != nil {
@@ -714,15 +677,15 @@ func TestInFlightBindingLoses(t *testing.T) {
 	}
 	w.evictedBecause("loser", created.UID, "double-book")
 	after := w.running("winner")
-	if after["winner"][0].MigUUID != won.MigUUID || w.get("winner").Status.ContainerStatuses[0].RestartCount != 0 {
+	if after["winner"][0].MigUUID != won.MigUUID || w.Get("winner").Status.ContainerStatuses[0].RestartCount != 0 {
 		t.Errorf("the winner was touched: %+v → %+v", won, after["winner"][0])
 	}
 	w.seesOwnDevices("winner", "main", after["winner"])
-	w.waitFor("the evicted loser gone", 60*time.Second, func() (bool, string) {
-		_, err := w.c.CoreV1().Pods("default").Get(w.ctx, "loser", metav1.GetOptions{})
+	w.WaitFor("the evicted loser gone", 60*time.Second, func() (bool, string) {
+		_, err := w.C.CoreV1().Pods("default").Get(w.Ctx, "loser", metav1.GetOptions{})
 		return err != nil, fmt.Sprint(err)
 	})
-	w.create(pod("loser", "mig", 1, 9000))
+	w.Create(pod("loser", "mig", 1, 9000))
 	recs := w.running("winner", "loser")
 	noOverlap(t, recs)
 	w.sameHardware("n", recs)
@@ -731,12 +694,12 @@ func TestInFlightBindingLoses(t *testing.T) {
 
 func TestSchedulerRestartNoDoubleBooking(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB", "A100-40GB"))
-	w.create(pod("a", "mig", 2, 9000), pod("b", "mig", 1, 19000))
+	w.Create(pod("a", "mig", 2, 9000), pod("b", "mig", 1, 19000))
 	recs := w.running("a", "b")
-	if err := w.sb.RestartScheduler(w.ctx); err != nil {
+	if err := w.SB.RestartScheduler(w.Ctx); err != nil {
 		t.Fatal(err)
 	}
-	w.create(pod("c", "mig", 2, 9000), pod("d", "mig", 1, 19000))
+	w.Create(pod("c", "mig", 2, 9000), pod("d", "mig", 1, 19000))
 	for k, v := range w.running("c", "d") {
 		recs[k] = v
 	}
@@ -759,7 +722,7 @@ func TestAdmissionPolicies(t *testing.T) {
 		{other, "schedulerName: dynamig-scheduler"},
 		{pinned, "nodeName"},
 	} {
-		_, err := w.c.CoreV1().Pods("default").Create(w.ctx, tc.p, metav1.CreateOptions{})
+		_, err := w.C.CoreV1().Pods("default").Create(w.Ctx, tc.p, metav1.CreateOptions{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want a refusal naming %q", tc.p.Name, err, tc.want)
 		}
@@ -777,7 +740,7 @@ func TestAdmissionPolicies(t *testing.T) {
 func TestWebhook(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
 	optOut := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "opted-out", Labels: map[string]string{"hami.io/webhook": "ignore"}}}
-	if _, err := w.c.CoreV1().Namespaces().Create(w.ctx, optOut, metav1.CreateOptions{}); err != nil {
+	if _, err := w.C.CoreV1().Namespaces().Create(w.Ctx, optOut, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	unnamed := func(name, ns string) *v1.Pod {
@@ -815,7 +778,7 @@ func TestWebhook(t *testing.T) {
 		{labelled, "", refused},
 		{other, "", "names schedulerName volcano: set schedulerName: dynamig-scheduler"},
 	} {
-		created, err := w.c.CoreV1().Pods(tc.p.Namespace).Create(w.ctx, tc.p, metav1.CreateOptions{})
+		created, err := w.C.CoreV1().Pods(tc.p.Namespace).Create(w.Ctx, tc.p, metav1.CreateOptions{})
 		switch {
 		case tc.wantScheduler == "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
 			t.Errorf("%s: %v, want a refusal saying %q", tc.p.Name, err, tc.wantErr)
@@ -833,11 +796,11 @@ func TestWebhook(t *testing.T) {
 		t.Errorf("init-only: %q, want the init-container rule with what to do", msg)
 	}
 	// cert-controller made the serving certificate and injected its CA.
-	cfg, err := w.c.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(w.ctx, "dynamig-webhook", metav1.GetOptions{})
+	cfg, err := w.C.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(w.Ctx, "dynamig-webhook", metav1.GetOptions{})
 	if err != nil || len(cfg.Webhooks) != 1 || len(cfg.Webhooks[0].ClientConfig.CABundle) == 0 {
 		t.Errorf("webhook configuration: %v %+v", err, cfg)
 	}
-	secret, err := w.c.CoreV1().Secrets(api.DefaultSystemNamespace).Get(w.ctx, "dynamig-webhook-cert", metav1.GetOptions{})
+	secret, err := w.C.CoreV1().Secrets(api.DefaultSystemNamespace).Get(w.Ctx, "dynamig-webhook-cert", metav1.GetOptions{})
 	if err != nil || len(secret.Data["tls.crt"]) == 0 || string(secret.Data["ca.crt"]) != string(cfg.Webhooks[0].ClientConfig.CABundle) {
 		t.Errorf("certificate Secret: %v (keys %d)", err, len(secret.Data))
 	}
@@ -850,10 +813,10 @@ func TestWebhook(t *testing.T) {
 // a Warning event and on the pod, and evicts it; the container is never created.
 func TestUnsignedOrTamperedReservationsGetNoInstance(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
-	if err := w.c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().DeleteCollection(w.ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+	if err := w.C.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().DeleteCollection(w.Ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	uuid := w.sb.Nodes()[0].GPUUUIDs[0]
+	uuid := w.SB.Nodes()[0].GPUUUIDs[0]
 	otherKey, err := signing.GenerateKey()
 	if err != nil {
 		t.Fatal(err)
@@ -874,17 +837,17 @@ func TestUnsignedOrTamperedReservationsGetNoInstance(t *testing.T) {
 	} {
 		p := pod(tc.name, "mig", 1, 4000)
 		p.Spec.SchedulerName = "nobody" // no scheduler binds it
-		w.waitFor("the policies gone", 30*time.Second, func() (bool, string) {
-			_, err = w.c.CoreV1().Pods("default").Create(w.ctx, p, metav1.CreateOptions{})
+		w.WaitFor("the policies gone", 30*time.Second, func() (bool, string) {
+			_, err = w.C.CoreV1().Pods("default").Create(w.Ctx, p, metav1.CreateOptions{})
 			return err == nil, fmt.Sprint(err)
 		})
-		created := w.get(tc.name)
+		created := w.Get(tc.name)
 		annotations := map[string]string{
 			api.MigReservationsAnnotation: fmt.Sprintf(`[{"containerIndex":0,"deviceIndex":0,"gpuUUID":%q,"profile":"1g.5gb","placement":{"start":%d,"size":1}}]`, uuid, i),
 			api.BindPhaseAnnotation:       api.BindPhaseAllocating,
 		}
 		tc.sign(created.UID, annotations)
-		if err := w.c.CoreV1().Pods("default").Bind(w.ctx, &v1.Binding{
+		if err := w.C.CoreV1().Pods("default").Bind(w.Ctx, &v1.Binding{
 			ObjectMeta: metav1.ObjectMeta{Name: tc.name, Namespace: "default", UID: created.UID, Annotations: annotations},
 			Target:     v1.ObjectReference{Kind: "Node", Name: "n"},
 		}, metav1.CreateOptions{}); err != nil {
@@ -894,7 +857,7 @@ func TestUnsignedOrTamperedReservationsGetNoInstance(t *testing.T) {
 		if hw := w.instances("n"); len(hw) != 0 {
 			t.Errorf("%s: a refused reservation got instances: %v", tc.name, hw)
 		}
-		if _, ok := w.sb.Container("n", created.UID, "main"); ok {
+		if _, ok := w.SB.Container("n", created.UID, "main"); ok {
 			t.Errorf("%s: the container was created", tc.name)
 		}
 	}
@@ -902,10 +865,10 @@ func TestUnsignedOrTamperedReservationsGetNoInstance(t *testing.T) {
 
 // schedulerKey reads the scheduler's reservation signing key from its Secret.
 func (w *world) schedulerKey() ed25519.PrivateKey {
-	w.t.Helper()
+	w.T.Helper()
 	var key ed25519.PrivateKey
-	w.waitFor("the scheduler's signing key", 30*time.Second, func() (bool, string) {
-		k, err := signing.LoadSigningKey(w.ctx, w.c, api.DefaultSigningKeyNamespace, api.DefaultSystemNamespace, false)
+	w.WaitFor("the scheduler's signing key", 30*time.Second, func() (bool, string) {
+		k, err := signing.LoadSigningKey(w.Ctx, w.C, api.DefaultSigningKeyNamespace, api.DefaultSystemNamespace, false)
 		key = k
 		return err == nil, fmt.Sprint(err)
 	})
@@ -915,9 +878,9 @@ func (w *world) schedulerKey() ed25519.PrivateKey {
 // evictedBecause waits for the device plugin's Warning event on the pod (of that UID)
 // saying why its reservation cannot be realised, and for the pod's eviction.
 func (w *world) evictedBecause(name string, uid types.UID, why string) {
-	w.t.Helper()
-	w.waitFor(name+" evicted with the reason", 60*time.Second, func() (bool, string) {
-		evs, err := w.c.CoreV1().Events("default").List(w.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+	w.T.Helper()
+	w.WaitFor(name+" evicted with the reason", 60*time.Second, func() (bool, string) {
+		evs, err := w.C.CoreV1().Events("default").List(w.Ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -932,7 +895,7 @@ func (w *world) evictedBecause(name string, uid types.UID, why string) {
 		if !said {
 			return false, fmt.Sprintf("no Warning ReservationNotRealisable saying %q; events: %v", why, seen)
 		}
-		p, err := w.c.CoreV1().Pods("default").Get(w.ctx, name, metav1.GetOptions{})
+		p, err := w.C.CoreV1().Pods("default").Get(w.Ctx, name, metav1.GetOptions{})
 		if err == nil && p.UID == uid && p.DeletionTimestamp == nil {
 			return false, "not evicted yet"
 		}
@@ -943,11 +906,11 @@ func (w *world) evictedBecause(name string, uid types.UID, why string) {
 // realisedEvents waits for the device plugin's Normal Realised event on each pod (of its
 // UID) for every MIG device of its reservation, naming the device's MIG UUID.
 func (w *world) realisedEvents(recs map[string][]api.MigReservation) {
-	w.t.Helper()
+	w.T.Helper()
 	for name, rs := range recs {
-		uid := w.get(name).UID
-		w.waitFor(name+"'s Realised events", 30*time.Second, func() (bool, string) {
-			evs, err := w.c.CoreV1().Events("default").List(w.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+		uid := w.Get(name).UID
+		w.WaitFor(name+"'s Realised events", 30*time.Second, func() (bool, string) {
+			evs, err := w.C.CoreV1().Events("default").List(w.Ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 			if err != nil {
 				return false, err.Error()
 			}
@@ -986,7 +949,7 @@ func TestManyPodsAcrossNodes(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := w.c.CoreV1().Pods("default").Create(w.ctx, pod(name, "mig", 1, 4000), metav1.CreateOptions{}); err != nil {
+			if _, err := w.C.CoreV1().Pods("default").Create(w.Ctx, pod(name, "mig", 1, 4000), metav1.CreateOptions{}); err != nil {
 				errs <- err
 			}
 		}()
@@ -1003,7 +966,7 @@ func TestManyPodsAcrossNodes(t *testing.T) {
 	noOverlap(t, recs)
 	perNode := map[string]map[string][]api.MigReservation{}
 	for name := range recs {
-		n := w.get(name).Spec.NodeName
+		n := w.Get(name).Spec.NodeName
 		if perNode[n] == nil {
 			perNode[n] = map[string][]api.MigReservation{}
 		}
@@ -1012,12 +975,12 @@ func TestManyPodsAcrossNodes(t *testing.T) {
 	for n, rs := range perNode {
 		w.sameHardware(n, rs)
 	}
-	if err := w.c.CoreV1().Pods("default").DeleteCollection(w.ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{}); err != nil {
+	if err := w.C.CoreV1().Pods("default").DeleteCollection(w.Ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		w.waitFor("every instance reclaimed on "+n.Name, 60*time.Second, func() (bool, string) {
-			hw, err := w.sb.Instances(n.Name)
+		w.WaitFor("every instance reclaimed on "+n.Name, 60*time.Second, func() (bool, string) {
+			hw, err := w.SB.Instances(n.Name)
 			return err == nil && len(hw) == 0, fmt.Sprintf("%d left", len(hw))
 		})
 	}

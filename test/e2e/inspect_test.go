@@ -61,7 +61,7 @@ func TestExplainMatchesScheduler(t *testing.T) {
 	var small []string
 	for i := range 7 {
 		small = append(small, fmt.Sprintf("small-%d", i))
-		w.create(pinned(small[i], api.ModeMIG, 4000, "frag"))
+		w.Create(pinned(small[i], api.ModeMIG, 4000, "frag"))
 	}
 	recs := w.running(small...)
 	at := map[int]string{}
@@ -70,7 +70,7 @@ func TestExplainMatchesScheduler(t *testing.T) {
 	}
 	w.delete(at[0], at[1], at[2])
 	w.gonePods(at[0], at[1], at[2])
-	w.create(pinned("all-me", api.ModeMIG, 20000, "me"))
+	w.Create(pinned("all-me", api.ModeMIG, 20000, "me"))
 	if r := w.running("all-me")["all-me"]; len(r) != 1 || r[0].Profile != "1g.24gb+me.all" {
 		t.Fatalf("all-me: %v, want a 1g.24gb+me.all", r)
 	}
@@ -90,7 +90,7 @@ func TestExplainMatchesScheduler(t *testing.T) {
 	} {
 		t.Run(tc.pod, func(t *testing.T) {
 			w := w.with(t)
-			w.create(pinned(tc.pod, tc.mode, tc.memory, tc.node))
+			w.Create(pinned(tc.pod, tc.mode, tc.memory, tc.node))
 			msg := w.pending(tc.pod)
 			var got explained
 			if err := json.Unmarshal([]byte(w.kubectlDynamig("explain", tc.pod, "-n", "default", "-o", "json")), &got); err != nil {
@@ -144,7 +144,7 @@ func TestExplainMatchesScheduler(t *testing.T) {
 func TestSimulateMatchesScheduler(t *testing.T) {
 	w := startConfig(t, sandboxconfig.Config{Nodes: []sandboxconfig.NodeConfig{
 		mig("a100", "A100-40GB"), mig("h100", "H100-80GB"), {Name: "core", Mode: api.ModeHAMiCore, GPUs: []string{"A100-40GB"}}}})
-	w.create(pinned("old", api.ModeMIG, 19000, "a100"))
+	w.Create(pinned("old", api.ModeMIG, 19000, "a100"))
 	w.running("old")
 
 	pods := []*v1.Pod{pod("m1", api.ModeMIG, 1, 9000), pod("m2", api.ModeMIG, 1, 9000), pod("m3", api.ModeMIG, 1, 4000),
@@ -177,7 +177,7 @@ func TestSimulateMatchesScheduler(t *testing.T) {
 	}
 	for _, p := range pods {
 		p.ResourceVersion = ""
-		w.create(p)
+		w.Create(p)
 	}
 	w.running("m1", "m2", "m3", "shared", "pair")
 	for _, l := range sim.Pods {
@@ -195,7 +195,7 @@ func TestSimulateMatchesScheduler(t *testing.T) {
 			continue
 		}
 		name := strings.TrimPrefix(l.Pod, "default/")
-		p := w.get(name)
+		p := w.Get(name)
 		if p.Spec.NodeName != l.Node {
 			t.Errorf("%s: simulate said node %q, the scheduler chose %q", name, l.Node, p.Spec.NodeName)
 		}
@@ -232,16 +232,16 @@ func TestSimulateMatchesScheduler(t *testing.T) {
 // with is w for a subtest.
 func (w *world) with(t *testing.T) *world {
 	c := *w
-	c.t = t
+	c.T = t
 	return &c
 }
 
 // gonePods waits until the pods' objects are gone from the API.
 func (w *world) gonePods(names ...string) {
-	w.t.Helper()
-	w.waitFor(strings.Join(names, ", ")+" deleted", 60*time.Second, func() (bool, string) {
+	w.T.Helper()
+	w.WaitFor(strings.Join(names, ", ")+" deleted", 60*time.Second, func() (bool, string) {
 		for _, n := range names {
-			if _, err := w.c.CoreV1().Pods("default").Get(w.ctx, n, metav1.GetOptions{}); err == nil {
+			if _, err := w.C.CoreV1().Pods("default").Get(w.Ctx, n, metav1.GetOptions{}); err == nil {
 				return false, n + " still exists"
 			}
 		}
@@ -252,29 +252,29 @@ func (w *world) gonePods(names ...string) {
 // staleNode adds a Node without a kubelet that publishes like's inventory and whose
 // heartbeat Lease was last renewed an hour ago: its device plugin stopped.
 func (w *world) staleNode(name, like string) {
-	w.t.Helper()
-	src, err := w.c.CoreV1().Nodes().Get(w.ctx, like, metav1.GetOptions{})
+	w.T.Helper()
+	src, err := w.C.CoreV1().Nodes().Get(w.Ctx, like, metav1.GetOptions{})
 	if err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
 	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.LabelHostname: name},
 		Annotations: map[string]string{api.NodeInventoryAnnotation: src.Annotations[api.NodeInventoryAnnotation]}}}
-	n, err = w.c.CoreV1().Nodes().Create(w.ctx, n, metav1.CreateOptions{})
+	n, err = w.C.CoreV1().Nodes().Create(w.Ctx, n, metav1.CreateOptions{})
 	if err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
 	n.Status.Capacity = v1.ResourceList{v1.ResourceCPU: resource.MustParse("8"), v1.ResourceMemory: resource.MustParse("32Gi"),
 		v1.ResourcePods: resource.MustParse("110"), api.ResourceCount: resource.MustParse("7")}
 	n.Status.Allocatable = n.Status.Capacity
-	if _, err := w.c.CoreV1().Nodes().UpdateStatus(w.ctx, n, metav1.UpdateOptions{}); err != nil {
-		w.t.Fatal(err)
+	if _, err := w.C.CoreV1().Nodes().UpdateStatus(w.Ctx, n, metav1.UpdateOptions{}); err != nil {
+		w.T.Fatal(err)
 	}
 	renewed := metav1.NewMicroTime(time.Now().Add(-time.Hour))
-	if _, err := w.c.CoordinationV1().Leases(api.DefaultSystemNamespace).Create(w.ctx, &coordinationv1.Lease{
+	if _, err := w.C.CoordinationV1().Leases(api.DefaultSystemNamespace).Create(w.Ctx, &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: api.HeartbeatLeaseName(name)},
 		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To(name), RenewTime: &renewed, LeaseDurationSeconds: ptr.To[int32](40)},
 	}, metav1.CreateOptions{}); err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
 }
 
@@ -287,13 +287,13 @@ func TestUnexplainedInstancesAreTaken(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
 	for _, pl := range []api.Placement{{Start: 0, Size: 4}, {Start: 4, Size: 2}} {
 		profile := map[int]string{4: "3g.20gb", 2: "2g.10gb"}[pl.Size]
-		if err := w.sb.MakeInstance(w.ctx, "n", 0, profile, pl); err != nil {
+		if err := w.SB.MakeInstance(w.Ctx, "n", 0, profile, pl); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The device plugin publishes them within its inventory interval (30 s).
-	w.waitFor("the inventory to list the two instances", 45*time.Second, func() (bool, string) {
-		n, err := w.c.CoreV1().Nodes().Get(w.ctx, "n", metav1.GetOptions{})
+	w.WaitFor("the inventory to list the two instances", 45*time.Second, func() (bool, string) {
+		n, err := w.C.CoreV1().Nodes().Get(w.Ctx, "n", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -303,14 +303,14 @@ func TestUnexplainedInstancesAreTaken(t *testing.T) {
 		}
 		return len(gpus[0].Unexplained) == 2, fmt.Sprintf("unexplained: %v", gpus[0].Unexplained)
 	})
-	w.create(pod("half", api.ModeMIG, 1, 19000))
+	w.Create(pod("half", api.ModeMIG, 1, 19000))
 	if msg := w.pending("half"); !strings.Contains(msg, "1 all MIG placements taken") {
 		t.Errorf("half: %q, want all placements taken", msg)
 	}
 	if nodes := w.kubectlDynamig("nodes", "n"); !strings.Contains(nodes, "|x x x x x x . .|") {
 		t.Errorf("kubectl dynamig nodes does not show the unexplained instances:\n%s", nodes)
 	}
-	w.create(pod("small", api.ModeMIG, 1, 4000))
+	w.Create(pod("small", api.ModeMIG, 1, 4000))
 	if r := w.running("small")["small"]; len(r) != 1 || r[0].Placement != (api.Placement{Start: 6, Size: 1}) {
 		t.Errorf("small: %v, want a 1g.5gb at [6,7), the one free placement", r)
 	}

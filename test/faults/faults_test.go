@@ -19,14 +19,13 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/nvml"
 	"github.com/dynamig/dynamig/nvml/sim"
 	"github.com/dynamig/dynamig/test/sandbox"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
+	"github.com/dynamig/dynamig/test/sandbox/sandboxtest"
 )
 
 const install = "../../manifests/install.yaml"
@@ -38,12 +37,7 @@ func TestMain(m *testing.M) {
 }
 
 // world is a running sandbox and the test using it.
-type world struct {
-	t   *testing.T
-	ctx context.Context
-	sb  *sandbox.Sandbox
-	c   kubernetes.Interface
-}
+type world struct{ sandboxtest.World }
 
 func start(t *testing.T, nodes ...sandboxconfig.NodeConfig) *world {
 	t.Helper()
@@ -56,11 +50,13 @@ func start(t *testing.T, nodes ...sandboxconfig.NodeConfig) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sb.Stop(); cancel() })
-	return &world{t: t, ctx: ctx, sb: sb, c: sb.Client()}
+	return &world{sandboxtest.World{T: t, Ctx: ctx, SB: sb, C: sb.Client()}}
 }
 
 // on is w for a subtest.
-func (w *world) on(t *testing.T) *world { return &world{t: t, ctx: w.ctx, sb: w.sb, c: w.c} }
+func (w *world) on(t *testing.T) *world {
+	return &world{sandboxtest.World{T: t, Ctx: w.Ctx, SB: w.SB, C: w.C}}
+}
 
 func mig(name string, gpus ...string) sandboxconfig.NodeConfig {
 	return sandboxconfig.NodeConfig{Name: name, Mode: api.ModeMIG, GPUs: gpus}
@@ -76,51 +72,20 @@ func pod(name, node string, memory int) *v1.Pod {
 					api.ResourceMemory: *resource.NewQuantity(int64(memory), resource.DecimalSI)}}}}}}
 }
 
-func (w *world) create(pods ...*v1.Pod) {
-	w.t.Helper()
-	for _, p := range pods {
-		if _, err := w.c.CoreV1().Pods(p.Namespace).Create(w.ctx, p, metav1.CreateOptions{}); err != nil {
-			w.t.Fatalf("creating %s: %v", p.Name, err)
-		}
-	}
-}
-
-func (w *world) get(name string) *v1.Pod {
-	w.t.Helper()
-	p, err := w.c.CoreV1().Pods("default").Get(w.ctx, name, metav1.GetOptions{})
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return p
-}
-
-func (w *world) waitFor(what string, timeout time.Duration, cond func() (bool, string)) {
-	w.t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(w.ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		ok, why := cond()
-		last = why
-		return ok, nil
-	})
-	if err != nil {
-		w.t.Fatalf("waiting %v for %s: %s", timeout, what, last)
-	}
-}
-
 // running waits until the pod runs with its reservation realised and returns the
 // reservation.
 func (w *world) running(name string, timeout time.Duration) api.MigReservation {
-	w.t.Helper()
+	w.T.Helper()
 	var out api.MigReservation
-	w.waitFor(name+" running", timeout, func() (bool, string) {
-		p, err := w.c.CoreV1().Pods("default").Get(w.ctx, name, metav1.GetOptions{})
+	w.WaitFor(name+" running", timeout, func() (bool, string) {
+		p, err := w.C.CoreV1().Pods("default").Get(w.Ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		if p.Status.Phase != v1.PodRunning {
 			devices := ""
 			if node := p.Spec.NodeSelector[v1.LabelHostname]; node != "" && p.Spec.NodeName == "" {
-				if n, err := w.c.CoreV1().Nodes().Get(w.ctx, node, metav1.GetOptions{}); err == nil {
+				if n, err := w.C.CoreV1().Nodes().Get(w.Ctx, node, metav1.GetOptions{}); err == nil {
 					q := n.Status.Allocatable[api.ResourceCount]
 					devices = fmt.Sprintf(" (%s allocatable %s: %s)", node, api.ResourceCount, q.String())
 				}
@@ -138,7 +103,7 @@ func (w *world) running(name string, timeout time.Duration) api.MigReservation {
 }
 
 func (w *world) lastEvent(p *v1.Pod) string {
-	evs, err := w.c.CoreV1().Events(p.Namespace).List(w.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name})
+	evs, err := w.C.CoreV1().Events(p.Namespace).List(w.Ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name})
 	if err != nil || len(evs.Items) == 0 {
 		return "no events"
 	}
@@ -154,9 +119,9 @@ func (w *world) lastEvent(p *v1.Pod) string {
 
 // event waits for an event of that reason on the pod whose message contains what.
 func (w *world) event(name, reason, what string) {
-	w.t.Helper()
-	w.waitFor(fmt.Sprintf("a %s event on %s saying %q", reason, name, what), 60*time.Second, func() (bool, string) {
-		evs, err := w.c.CoreV1().Events("default").List(w.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+	w.T.Helper()
+	w.WaitFor(fmt.Sprintf("a %s event on %s saying %q", reason, name, what), 60*time.Second, func() (bool, string) {
+		evs, err := w.C.CoreV1().Events("default").List(w.Ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -173,27 +138,27 @@ func (w *world) event(name, reason, what string) {
 
 // settled waits for every invariant to hold; foreign instances are no leak.
 func (w *world) settled(foreign ...string) {
-	w.t.Helper()
+	w.T.Helper()
 	f := map[string]bool{}
 	for _, u := range foreign {
 		f[u] = true
 	}
-	if err := w.sb.WaitInvariants(w.ctx, 90*time.Second, f); err != nil {
-		w.t.Fatal(err)
+	if err := w.SB.WaitInvariants(w.Ctx, 90*time.Second, f); err != nil {
+		w.T.Fatal(err)
 	}
 }
 
 // done deletes the pods, waits until they are gone and the invariants hold.
 func (w *world) done(names ...string) {
-	w.t.Helper()
+	w.T.Helper()
 	for _, n := range names {
-		if err := w.c.CoreV1().Pods("default").Delete(w.ctx, n, metav1.DeleteOptions{}); err != nil {
-			w.t.Fatal(err)
+		if err := w.C.CoreV1().Pods("default").Delete(w.Ctx, n, metav1.DeleteOptions{}); err != nil {
+			w.T.Fatal(err)
 		}
 	}
-	w.waitFor("pods gone", 60*time.Second, func() (bool, string) {
+	w.WaitFor("pods gone", 60*time.Second, func() (bool, string) {
 		for _, n := range names {
-			if _, err := w.c.CoreV1().Pods("default").Get(w.ctx, n, metav1.GetOptions{}); err == nil {
+			if _, err := w.C.CoreV1().Pods("default").Get(w.Ctx, n, metav1.GetOptions{}); err == nil {
 				return false, n + " still exists"
 			}
 		}
@@ -204,7 +169,7 @@ func (w *world) done(names ...string) {
 
 // instance is the MIG instance with that UUID on node, if NVML has it.
 func (w *world) instance(node, migUUID string) (sim.ComputeInstanceState, bool) {
-	for _, g := range w.sb.GPUs(node).Snapshot() {
+	for _, g := range w.SB.GPUs(node).Snapshot() {
 		for _, gi := range g.GpuInstances {
 			for _, ci := range gi.ComputeInstances {
 				if ci.MigUUID == migUUID {
@@ -219,7 +184,7 @@ func (w *world) instance(node, migUUID string) (sim.ComputeInstanceState, bool) 
 // gpuInstances counts node's GPU instances, whole or half made.
 func (w *world) gpuInstances(node string) int {
 	n := 0
-	for _, g := range w.sb.GPUs(node).Snapshot() {
+	for _, g := range w.SB.GPUs(node).Snapshot() {
 		n += len(g.GpuInstances)
 	}
 	return n
@@ -239,8 +204,8 @@ func TestFaults(t *testing.T) {
 		t.Run(op.String()+" fails", func(t *testing.T) {
 			w := w.on(t)
 			name := strings.ToLower(op.String())
-			w.sb.GPUs("create").FailNext(0, op, nvml.ErrorInsufficientRes)
-			w.create(pod(name, "create", 9000))
+			w.SB.GPUs("create").FailNext(0, op, nvml.ErrorInsufficientRes)
+			w.Create(pod(name, "create", 9000))
 			w.event(name, "RealisationFailed", "injected fault")
 			w.running(name, 90*time.Second)
 			if n := w.gpuInstances("create"); n != 1 {
@@ -256,17 +221,17 @@ func TestFaults(t *testing.T) {
 	// instance, and the kubelet's retry realises the pod.
 	t.Run("device plugin killed between GI and CI create", func(t *testing.T) {
 		w := w.on(t)
-		hold := w.sb.GPUs("kill").HoldNext(0, sim.OpCreateComputeInstance)
-		w.create(pod("k1", "kill", 9000))
+		hold := w.SB.GPUs("kill").HoldNext(0, sim.OpCreateComputeInstance)
+		w.Create(pod("k1", "kill", 9000))
 		waitHeld(t, hold)
-		if err := w.sb.KillDevicePlugin(w.ctx, "kill"); err != nil {
+		if err := w.SB.KillDevicePlugin(w.Ctx, "kill"); err != nil {
 			t.Fatal(err)
 		}
 		hold.Abandon()
 		if n := w.gpuInstances("kill"); n != 1 {
 			t.Fatalf("%d GPU instances after the kill, want the half-made one", n)
 		}
-		if err := w.sb.StartDevicePlugin(w.ctx, "kill"); err != nil {
+		if err := w.SB.StartDevicePlugin(w.Ctx, "kill"); err != nil {
 			t.Fatal(err)
 		}
 		w.running("k1", 90*time.Second)
@@ -280,11 +245,11 @@ func TestFaults(t *testing.T) {
 	t.Run("device plugin killed between create and write-back", func(t *testing.T) {
 		w := w.on(t)
 		killed := make(chan error, 1)
-		w.sb.GPUs("kill").AfterNext(0, sim.OpCreateComputeInstance, func() {
-			killed <- w.sb.KillDevicePlugin(w.ctx, "kill")
+		w.SB.GPUs("kill").AfterNext(0, sim.OpCreateComputeInstance, func() {
+			killed <- w.SB.KillDevicePlugin(w.Ctx, "kill")
 			runtime.Goexit()
 		})
-		w.create(pod("k2", "kill", 9000))
+		w.Create(pod("k2", "kill", 9000))
 		select {
 		case err := <-killed:
 			if err != nil {
@@ -293,7 +258,7 @@ func TestFaults(t *testing.T) {
 		case <-time.After(60 * time.Second):
 			t.Fatal("the pod's instance was never created")
 		}
-		if err := w.sb.StartDevicePlugin(w.ctx, "kill"); err != nil {
+		if err := w.SB.StartDevicePlugin(w.Ctx, "kill"); err != nil {
 			t.Fatal(err)
 		}
 		w.running("k2", 90*time.Second)
@@ -309,20 +274,20 @@ func TestFaults(t *testing.T) {
 	t.Run("write-back lost and device plugin restarted", func(t *testing.T) {
 		w := w.on(t)
 		created := make(chan struct{})
-		t.Cleanup(func() { _ = w.sb.CutAPI("kill", false) })
-		w.sb.GPUs("kill").AfterNext(0, sim.OpCreateComputeInstance, func() {
-			_ = w.sb.CutAPI("kill", true)
+		t.Cleanup(func() { _ = w.SB.CutAPI("kill", false) })
+		w.SB.GPUs("kill").AfterNext(0, sim.OpCreateComputeInstance, func() {
+			_ = w.SB.CutAPI("kill", true)
 			close(created)
 		})
-		w.create(pod("k3", "kill", 9000))
+		w.Create(pod("k3", "kill", 9000))
 		<-created
 		time.Sleep(5 * time.Second) // the write-back fails; no event can say so
-		first, _ := lastMIG(w.sb.GPUs("kill"))
-		if err := w.sb.KillDevicePlugin(w.ctx, "kill"); err != nil {
+		first, _ := lastMIG(w.SB.GPUs("kill"))
+		if err := w.SB.KillDevicePlugin(w.Ctx, "kill"); err != nil {
 			t.Fatal(err)
 		}
-		_ = w.sb.CutAPI("kill", false)
-		if err := w.sb.StartDevicePlugin(w.ctx, "kill"); err != nil {
+		_ = w.SB.CutAPI("kill", false)
+		if err := w.SB.StartDevicePlugin(w.Ctx, "kill"); err != nil {
 			t.Fatal(err)
 		}
 		r := w.running("k3", 90*time.Second)
@@ -337,8 +302,8 @@ func TestFaults(t *testing.T) {
 	// completes after the kubelet gave up, and the kubelet's retry adopts that instance.
 	t.Run("PreStart deadline exceeded", func(t *testing.T) {
 		w := w.on(t)
-		hold := w.sb.GPUs("create").HoldNext(0, sim.OpCreateGpuInstance)
-		w.create(pod("slow", "create", 9000))
+		hold := w.SB.GPUs("create").HoldNext(0, sim.OpCreateGpuInstance)
+		w.Create(pod("slow", "create", 9000))
 		waitHeld(t, hold)
 		time.Sleep(32 * time.Second)
 		hold.Release()
@@ -353,11 +318,11 @@ func TestFaults(t *testing.T) {
 	// The kubelet restarts while a pod's PreStartContainer is creating its instance.
 	t.Run("kubelet restart with a pod starting", func(t *testing.T) {
 		w := w.on(t)
-		hold := w.sb.GPUs("create").HoldNext(0, sim.OpCreateGpuInstance)
-		w.create(pod("kr", "create", 9000))
+		hold := w.SB.GPUs("create").HoldNext(0, sim.OpCreateGpuInstance)
+		w.Create(pod("kr", "create", 9000))
 		waitHeld(t, hold)
 		restarted := make(chan error, 1)
-		go func() { restarted <- w.sb.RestartKubelet(w.ctx, "create") }()
+		go func() { restarted <- w.SB.RestartKubelet(w.Ctx, "create") }()
 		time.Sleep(2 * time.Second)
 		hold.Release()
 		if err := <-restarted; err != nil {
@@ -373,27 +338,27 @@ func TestFaults(t *testing.T) {
 	// fails until the API is back, then the new pod runs and the ended pod's instance goes.
 	t.Run("API server unreachable for 30s", func(t *testing.T) {
 		w := w.on(t)
-		w.create(pod("old", "api", 9000))
+		w.Create(pod("old", "api", 9000))
 		old := w.running("old", 60*time.Second)
-		if err := w.sb.CutAPI("api", true); err != nil {
+		if err := w.SB.CutAPI("api", true); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = w.sb.CutAPI("api", false) })
+		t.Cleanup(func() { _ = w.SB.CutAPI("api", false) })
 		cut := time.Now()
-		if err := w.c.CoreV1().Pods("default").Delete(w.ctx, "old", metav1.DeleteOptions{}); err != nil {
+		if err := w.C.CoreV1().Pods("default").Delete(w.Ctx, "old", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		w.create(pod("new", "api", 9000))
+		w.Create(pod("new", "api", 9000))
 		for time.Since(cut) < 30*time.Second {
 			if _, ok := w.instance("api", old.MigUUID); !ok {
 				t.Fatalf("the ended pod's instance was destroyed %v into the outage: the API could not be read", time.Since(cut).Round(time.Second))
 			}
-			if p := w.get("new"); p.Status.Phase == v1.PodRunning {
+			if p := w.Get("new"); p.Status.Phase == v1.PodRunning {
 				t.Fatal("the new pod runs while its node's device plugin cannot read it")
 			}
 			time.Sleep(time.Second)
 		}
-		_ = w.sb.CutAPI("api", false)
+		_ = w.SB.CutAPI("api", false)
 		w.running("new", 120*time.Second)
 		w.settled()
 		w.done("new")
@@ -404,17 +369,17 @@ func TestFaults(t *testing.T) {
 	// hand its placement out; once the process ends, the next reclaim pass takes it.
 	t.Run("destroy IN_USE", func(t *testing.T) {
 		w := w.on(t)
-		w.create(pod("busy", "reclaim", 9000))
+		w.Create(pod("busy", "reclaim", 9000))
 		r := w.running("busy", 60*time.Second)
-		gpus := w.sb.GPUs("reclaim")
+		gpus := w.SB.GPUs("reclaim")
 		if err := gpus.AddProcess(r.MigUUID, 4242); err != nil {
 			t.Fatal(err)
 		}
-		if err := w.c.CoreV1().Pods("default").Delete(w.ctx, "busy", metav1.DeleteOptions{}); err != nil {
+		if err := w.C.CoreV1().Pods("default").Delete(w.Ctx, "busy", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		w.waitFor("the kept instance published as unexplained", 60*time.Second, func() (bool, string) {
-			n, err := w.c.CoreV1().Nodes().Get(w.ctx, "reclaim", metav1.GetOptions{})
+		w.WaitFor("the kept instance published as unexplained", 60*time.Second, func() (bool, string) {
+			n, err := w.C.CoreV1().Nodes().Get(w.Ctx, "reclaim", metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
 			}
@@ -425,9 +390,9 @@ func TestFaults(t *testing.T) {
 			t.Fatal("a busy instance was destroyed")
 		}
 		// The whole GPU is asked for: its placement overlaps the kept instance.
-		w.create(pod("whole", "reclaim", 40000))
-		w.waitFor("the whole-GPU pod refused while the instance is kept", 30*time.Second, func() (bool, string) {
-			p := w.get("whole")
+		w.Create(pod("whole", "reclaim", 40000))
+		w.WaitFor("the whole-GPU pod refused while the instance is kept", 30*time.Second, func() (bool, string) {
+			p := w.Get("whole")
 			return p.Spec.NodeName == "" && scheduledFalse(p), fmt.Sprintf("node %q %v", p.Spec.NodeName, p.Status.Conditions)
 		})
 		w.settled(r.MigUUID)
@@ -443,14 +408,14 @@ func TestFaults(t *testing.T) {
 	// made for a pod that no longer exists, and reclaim destroys it.
 	t.Run("pod deleted during PreStart", func(t *testing.T) {
 		w := w.on(t)
-		hold := w.sb.GPUs("reclaim").HoldNext(0, sim.OpCreateGpuInstance)
-		w.create(pod("gone", "reclaim", 9000))
+		hold := w.SB.GPUs("reclaim").HoldNext(0, sim.OpCreateGpuInstance)
+		w.Create(pod("gone", "reclaim", 9000))
 		waitHeld(t, hold)
-		if err := w.c.CoreV1().Pods("default").Delete(w.ctx, "gone", metav1.DeleteOptions{}); err != nil {
+		if err := w.C.CoreV1().Pods("default").Delete(w.Ctx, "gone", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		w.waitFor("the pod gone", 60*time.Second, func() (bool, string) {
-			_, err := w.c.CoreV1().Pods("default").Get(w.ctx, "gone", metav1.GetOptions{})
+		w.WaitFor("the pod gone", 60*time.Second, func() (bool, string) {
+			_, err := w.C.CoreV1().Pods("default").Get(w.Ctx, "gone", metav1.GetOptions{})
 			return err != nil, "still there"
 		})
 		hold.Release()
@@ -462,9 +427,9 @@ func TestFaults(t *testing.T) {
 	// the pod on it keeps its instance, and the GPU serves again once it is back.
 	t.Run("GPU lost with a pod on it", func(t *testing.T) {
 		w := w.on(t)
-		w.create(pod("on-lost", "bus", 19000))
+		w.Create(pod("on-lost", "bus", 19000))
 		r := w.running("on-lost", 60*time.Second)
-		gpus := w.sb.GPUs("bus")
+		gpus := w.SB.GPUs("bus")
 		lost := 0
 		for _, g := range gpus.Snapshot() {
 			if g.UUID == r.GPUUUID {
@@ -472,8 +437,8 @@ func TestFaults(t *testing.T) {
 			}
 		}
 		gpus.LoseGPU(lost)
-		w.waitFor("the lost GPU published unhealthy", 60*time.Second, func() (bool, string) {
-			n, err := w.c.CoreV1().Nodes().Get(w.ctx, "bus", metav1.GetOptions{})
+		w.WaitFor("the lost GPU published unhealthy", 60*time.Second, func() (bool, string) {
+			n, err := w.C.CoreV1().Nodes().Get(w.Ctx, "bus", metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
 			}
@@ -488,7 +453,7 @@ func TestFaults(t *testing.T) {
 			}
 			return false, "the GPU is not in the inventory"
 		})
-		w.create(pod("beside", "bus", 19000), pod("beside2", "bus", 19000))
+		w.Create(pod("beside", "bus", 19000), pod("beside2", "bus", 19000))
 		for _, name := range []string{"beside", "beside2"} {
 			if got := w.running(name, 60*time.Second); got.GPUUUID == r.GPUUUID {
 				t.Errorf("%s was placed on the lost GPU", name)
@@ -509,23 +474,23 @@ func TestFaults(t *testing.T) {
 	// started again takes the Pending pod.
 	t.Run("device plugin gone", func(t *testing.T) {
 		w := w.on(t)
-		w.create(pod("stays", "gone", 9000))
+		w.Create(pod("stays", "gone", 9000))
 		r := w.running("stays", 60*time.Second)
-		if err := w.sb.CutAPI("gone", true); err != nil {
+		if err := w.SB.CutAPI("gone", true); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = w.sb.CutAPI("gone", false) })
-		w.waitFor("the heartbeat to expire", 90*time.Second, func() (bool, string) {
-			l, err := w.c.CoordinationV1().Leases(api.DefaultSystemNamespace).Get(w.ctx, api.HeartbeatLeaseName("gone"), metav1.GetOptions{})
+		t.Cleanup(func() { _ = w.SB.CutAPI("gone", false) })
+		w.WaitFor("the heartbeat to expire", 90*time.Second, func() (bool, string) {
+			l, err := w.C.CoordinationV1().Leases(api.DefaultSystemNamespace).Get(w.Ctx, api.HeartbeatLeaseName("gone"), metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
 			}
 			age := time.Since(l.Spec.RenewTime.Time)
 			return age > time.Duration(*l.Spec.LeaseDurationSeconds+1)*time.Second, fmt.Sprintf("renewed %v ago", age)
 		})
-		w.create(pod("waits", "gone", 9000))
-		w.waitFor("the new pod Pending for the expired heartbeat", 90*time.Second, func() (bool, string) {
-			p := w.get("waits")
+		w.Create(pod("waits", "gone", 9000))
+		w.WaitFor("the new pod Pending for the expired heartbeat", 90*time.Second, func() (bool, string) {
+			p := w.Get("waits")
 			if p.Spec.NodeName != "" {
 				t.Fatalf("waits was bound to %s, whose device plugin is gone", p.Spec.NodeName)
 			}
@@ -536,21 +501,21 @@ func TestFaults(t *testing.T) {
 			}
 			return false, fmt.Sprint(p.Status.Conditions)
 		})
-		if err := w.sb.KillDevicePlugin(w.ctx, "gone"); err != nil {
+		if err := w.SB.KillDevicePlugin(w.Ctx, "gone"); err != nil {
 			t.Fatal(err)
 		}
-		_ = w.sb.CutAPI("gone", false)
+		_ = w.SB.CutAPI("gone", false)
 		time.Sleep(5 * time.Second)
-		if p := w.get("waits"); p.Spec.NodeName != "" {
+		if p := w.Get("waits"); p.Spec.NodeName != "" {
 			t.Fatalf("waits was bound to %s, whose device plugin is gone", p.Spec.NodeName)
 		}
-		if p := w.get("stays"); p.Status.Phase != v1.PodRunning {
+		if p := w.Get("stays"); p.Status.Phase != v1.PodRunning {
 			t.Errorf("the pod on the node is %s", p.Status.Phase)
 		}
 		if _, ok := w.instance("gone", r.MigUUID); !ok {
 			t.Error("the running pod's instance is gone")
 		}
-		if err := w.sb.StartDevicePlugin(w.ctx, "gone"); err != nil {
+		if err := w.SB.StartDevicePlugin(w.Ctx, "gone"); err != nil {
 			t.Fatal(err)
 		}
 		w.running("waits", 30*time.Second) // well before the five-minute flush of unschedulable pods
@@ -563,31 +528,31 @@ func TestFaults(t *testing.T) {
 	t.Run("clock skew", func(t *testing.T) {
 		w := w.on(t)
 		for i, skew := range []time.Duration{30 * time.Second, -30 * time.Second, -45 * time.Second} {
-			if err := w.sb.SetClockSkew("gone", skew); err != nil {
+			if err := w.SB.SetClockSkew("gone", skew); err != nil {
 				t.Fatal(err)
 			}
 			// Two renewals at the new skew (every 10 s), then a pod.
 			time.Sleep(21 * time.Second)
 			name := fmt.Sprintf("skew%d", i)
-			w.create(pod(name, "gone", 9000))
+			w.Create(pod(name, "gone", 9000))
 			w.running(name, 60*time.Second)
 			w.done(name)
 		}
-		_ = w.sb.SetClockSkew("gone", 0)
+		_ = w.SB.SetClockSkew("gone", 0)
 	})
 
 	// The node reboots: every instance and CDI spec is lost, the pods stay bound, and their
 	// containers come back on instances made again at the reserved placements.
 	t.Run("node reboot", func(t *testing.T) {
 		w := w.on(t)
-		w.create(pod("r1", "reboot", 9000), pod("r2", "reboot", 4000))
+		w.Create(pod("r1", "reboot", 9000), pod("r2", "reboot", 4000))
 		before := map[string]api.MigReservation{"r1": w.running("r1", 60*time.Second), "r2": w.running("r2", 60*time.Second)}
-		if err := w.sb.RebootNode(w.ctx, "reboot"); err != nil {
+		if err := w.SB.RebootNode(w.Ctx, "reboot"); err != nil {
 			t.Fatal(err)
 		}
 		for name, r := range before {
-			w.waitFor(name+" on a new instance", 90*time.Second, func() (bool, string) {
-				recs, err := api.DecodeMigReservations(w.get(name).Annotations[api.MigReservationsAnnotation])
+			w.WaitFor(name+" on a new instance", 90*time.Second, func() (bool, string) {
+				recs, err := api.DecodeMigReservations(w.Get(name).Annotations[api.MigReservationsAnnotation])
 				if err != nil || len(recs) != 1 {
 					return false, fmt.Sprint(recs, err)
 				}
@@ -612,10 +577,10 @@ func TestFaults(t *testing.T) {
 			if i%2 == 1 {
 				p.Spec.NodeSelector["kubernetes.io/hostname"] = "kill"
 			}
-			w.create(p)
+			w.Create(p)
 			names = append(names, p.Name)
 		}
-		if err := w.sb.RestartScheduler(w.ctx); err != nil {
+		if err := w.SB.RestartScheduler(w.Ctx); err != nil {
 			t.Fatal(err)
 		}
 		for i := 6; i < 10; i++ {
@@ -623,7 +588,7 @@ func TestFaults(t *testing.T) {
 			if i%2 == 1 {
 				p.Spec.NodeSelector["kubernetes.io/hostname"] = "kill"
 			}
-			w.create(p)
+			w.Create(p)
 			names = append(names, p.Name)
 		}
 		for _, n := range names {

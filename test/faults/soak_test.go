@@ -57,7 +57,7 @@ func TestSoak(t *testing.T) {
 	}
 	w := start(t, nodes...)
 	s := &soak{w: w, rng: rand.New(rand.NewPCG(*soakSeed, 0)), nodes: nodes, faults: map[string]int{}, busy: map[string]bool{}}
-	ctx, stop := context.WithTimeout(w.ctx, *soakDuration)
+	ctx, stop := context.WithTimeout(w.Ctx, *soakDuration)
 	defer stop()
 
 	var checker sync.WaitGroup
@@ -78,7 +78,7 @@ func TestSoak(t *testing.T) {
 
 	// The faults undone, the cluster must settle with every invariant holding.
 	s.undo()
-	if err := w.sb.WaitInvariants(w.ctx, 3*time.Minute, nil); err != nil {
+	if err := w.SB.WaitInvariants(w.Ctx, 3*time.Minute, nil); err != nil {
 		s.violations.Add(1)
 		s.found = append(s.found, err.Error())
 		t.Error(err)
@@ -196,13 +196,13 @@ func (s *soak) createPod(ctx context.Context, t *testing.T) {
 	}
 	s.created++
 	s.mu.Unlock()
-	if _, err := s.w.c.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
+	if _, err := s.w.C.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
 		t.Errorf("creating %s: %v", name, err)
 	}
 }
 
 func (s *soak) pods(ctx context.Context) []v1.Pod {
-	list, err := s.w.c.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+	list, err := s.w.C.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil
 	}
@@ -215,7 +215,7 @@ func (s *soak) deletePod(ctx context.Context) {
 		return // keep the cluster busy
 	}
 	p := pods[s.intn(len(pods))]
-	if err := s.w.c.CoreV1().Pods("default").Delete(ctx, p.Name, metav1.DeleteOptions{}); err == nil {
+	if err := s.w.C.CoreV1().Pods("default").Delete(ctx, p.Name, metav1.DeleteOptions{}); err == nil {
 		s.mu.Lock()
 		s.deleted++
 		s.mu.Unlock()
@@ -235,7 +235,7 @@ func (s *soak) endPod(ctx context.Context) {
 		return
 	}
 	p := running[s.intn(len(running))]
-	if err := s.w.sb.FinishPod(ctx, p.Namespace, p.Name, true); err == nil {
+	if err := s.w.SB.FinishPod(ctx, p.Namespace, p.Name, true); err == nil {
 		s.mu.Lock()
 		s.ended++
 		s.mu.Unlock()
@@ -246,12 +246,12 @@ func (s *soak) endPod(ctx context.Context) {
 // every moment.
 func (s *soak) checkContinuously(ctx context.Context) {
 	for ctx.Err() == nil {
-		v, err := s.w.sb.CheckInvariants(ctx, sandbox.CheckOptions{})
+		v, err := s.w.SB.CheckInvariants(ctx, sandbox.CheckOptions{})
 		if err == nil {
 			s.checks.Add(1)
 			for _, x := range v {
 				s.violations.Add(1)
-				s.w.t.Errorf("while running: %s", x)
+				s.w.T.Errorf("while running: %s", x)
 			}
 		}
 		select {
@@ -272,34 +272,34 @@ type fault struct {
 
 var soakFaults = []fault{
 	{"GPU-instance create fails", true, false, func(_ context.Context, s *soak, node string, gpu int) error {
-		s.w.sb.GPUs(node).FailNext(gpu, sim.OpCreateGpuInstance, nvml.ErrorInsufficientRes)
+		s.w.SB.GPUs(node).FailNext(gpu, sim.OpCreateGpuInstance, nvml.ErrorInsufficientRes)
 		return nil
 	}},
 	{"compute-instance create fails", true, false, func(_ context.Context, s *soak, node string, gpu int) error {
-		s.w.sb.GPUs(node).FailNext(gpu, sim.OpCreateComputeInstance, nvml.ErrorUnknown)
+		s.w.SB.GPUs(node).FailNext(gpu, sim.OpCreateComputeInstance, nvml.ErrorUnknown)
 		return nil
 	}},
 	{"device plugin restart", false, true, func(ctx context.Context, s *soak, node string, _ int) error {
-		return s.w.sb.RestartDevicePlugin(ctx, node)
+		return s.w.SB.RestartDevicePlugin(ctx, node)
 	}},
 	{"device plugin killed between GI and CI create", true, true, func(ctx context.Context, s *soak, node string, gpu int) error {
-		hold := s.w.sb.GPUs(node).HoldNext(gpu, sim.OpCreateComputeInstance)
+		hold := s.w.SB.GPUs(node).HoldNext(gpu, sim.OpCreateComputeInstance)
 		select {
 		case <-hold.Reached():
 		case <-time.After(10 * time.Second):
 			hold.Release() // nothing was created there meanwhile
 			return nil
 		}
-		if err := s.w.sb.KillDevicePlugin(ctx, node); err != nil {
+		if err := s.w.SB.KillDevicePlugin(ctx, node); err != nil {
 			return err
 		}
 		hold.Abandon()
-		return s.w.sb.StartDevicePlugin(ctx, node)
+		return s.w.SB.StartDevicePlugin(ctx, node)
 	}},
 	{"device plugin killed after a create", true, true, func(ctx context.Context, s *soak, node string, gpu int) error {
 		killed := make(chan error, 1)
-		s.w.sb.GPUs(node).AfterNext(gpu, sim.OpCreateComputeInstance, func() {
-			killed <- s.w.sb.KillDevicePlugin(ctx, node)
+		s.w.SB.GPUs(node).AfterNext(gpu, sim.OpCreateComputeInstance, func() {
+			killed <- s.w.SB.KillDevicePlugin(ctx, node)
 			runtime.Goexit()
 		})
 		select {
@@ -308,28 +308,28 @@ var soakFaults = []fault{
 				return err
 			}
 		case <-time.After(10 * time.Second):
-			s.w.sb.GPUs(node).AfterNext(gpu, sim.OpCreateComputeInstance, nil)
+			s.w.SB.GPUs(node).AfterNext(gpu, sim.OpCreateComputeInstance, nil)
 			return nil
 		}
-		return s.w.sb.StartDevicePlugin(ctx, node)
+		return s.w.SB.StartDevicePlugin(ctx, node)
 	}},
 	{"kubelet restart", false, false, func(ctx context.Context, s *soak, node string, _ int) error {
-		return s.w.sb.RestartKubelet(ctx, node)
+		return s.w.SB.RestartKubelet(ctx, node)
 	}},
 	{"node reboot", false, true, func(ctx context.Context, s *soak, node string, _ int) error {
-		return s.w.sb.RebootNode(ctx, node)
+		return s.w.SB.RebootNode(ctx, node)
 	}},
 	{"API server unreachable", false, false, func(ctx context.Context, s *soak, node string, _ int) error {
-		if err := s.w.sb.CutAPI(node, true); err != nil {
+		if err := s.w.SB.CutAPI(node, true); err != nil {
 			return err
 		}
 		sleep(ctx, time.Duration(5+s.intn(10))*time.Second)
-		return s.w.sb.CutAPI(node, false)
+		return s.w.SB.CutAPI(node, false)
 	}},
 	{"GPU lost", false, false, func(ctx context.Context, s *soak, node string, gpu int) error {
-		s.w.sb.GPUs(node).LoseGPU(gpu)
+		s.w.SB.GPUs(node).LoseGPU(gpu)
 		sleep(ctx, time.Duration(5+s.intn(10))*time.Second)
-		s.w.sb.GPUs(node).RecoverGPU(gpu)
+		s.w.SB.GPUs(node).RecoverGPU(gpu)
 		return nil
 	}},
 	{"process outlives its pod", true, false, func(ctx context.Context, s *soak, node string, _ int) error {
@@ -339,21 +339,21 @@ var soakFaults = []fault{
 				continue
 			}
 			pid := 7000 + s.intn(1000)
-			if err := s.w.sb.GPUs(node).AddProcess(recs[0].MigUUID, pid); err != nil {
+			if err := s.w.SB.GPUs(node).AddProcess(recs[0].MigUUID, pid); err != nil {
 				return err
 			}
 			s.mu.Lock()
 			s.keep = append(s.keep, keptProcess{node: node, migUUID: recs[0].MigUUID, pid: pid})
 			s.mu.Unlock()
-			return s.w.c.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
+			return s.w.C.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
 		}
 		return nil
 	}},
 	{"clock skew", false, false, func(_ context.Context, s *soak, node string, _ int) error {
-		return s.w.sb.SetClockSkew(node, time.Duration(s.intn(61)-30)*time.Second)
+		return s.w.SB.SetClockSkew(node, time.Duration(s.intn(61)-30)*time.Second)
 	}},
 	{"scheduler restart", false, false, func(ctx context.Context, s *soak, _ string, _ int) error {
-		return s.w.sb.RestartScheduler(ctx)
+		return s.w.SB.RestartScheduler(ctx)
 	}},
 }
 
@@ -389,18 +389,18 @@ func (s *soak) undo() {
 	for _, n := range s.nodes {
 		for gpu := range n.GPUs {
 			for _, op := range []sim.Op{sim.OpCreateGpuInstance, sim.OpCreateComputeInstance} {
-				s.w.sb.GPUs(n.Name).FailNext(gpu, op, nvml.Success)
+				s.w.SB.GPUs(n.Name).FailNext(gpu, op, nvml.Success)
 			}
-			s.w.sb.GPUs(n.Name).RecoverGPU(gpu)
+			s.w.SB.GPUs(n.Name).RecoverGPU(gpu)
 		}
-		_ = s.w.sb.CutAPI(n.Name, false)
-		_ = s.w.sb.SetClockSkew(n.Name, 0)
+		_ = s.w.SB.CutAPI(n.Name, false)
+		_ = s.w.SB.SetClockSkew(n.Name, 0)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range s.keep {
 		// A node reboot may have lost the instance with its process: nothing to end then.
-		_ = s.w.sb.GPUs(k.node).RemoveProcess(k.migUUID, k.pid)
+		_ = s.w.SB.GPUs(k.node).RemoveProcess(k.migUUID, k.pid)
 	}
 }
 
@@ -409,11 +409,11 @@ func (s *soak) undo() {
 // of the cluster as it is: a pod that fits somewhere must be bound within a minute.
 func (s *soak) checkPending(t *testing.T) {
 	w := s.w
-	schedCfg, err := os.ReadFile(w.sb.SchedulerConfigFile())
+	schedCfg, err := os.ReadFile(w.SB.SchedulerConfigFile())
 	if err != nil {
 		t.Fatal(err)
 	}
-	devCfg, err := os.ReadFile(w.sb.DeviceConfigFile())
+	devCfg, err := os.ReadFile(w.SB.DeviceConfigFile())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,10 +425,10 @@ func (s *soak) checkPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	var last string
-	err = wait.PollUntilContextTimeout(w.ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		nodes, err1 := w.c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		pods, err2 := w.c.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
-		leases, err3 := w.c.CoordinationV1().Leases(api.DefaultSystemNamespace).List(ctx, metav1.ListOptions{})
+	err = wait.PollUntilContextTimeout(w.Ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		nodes, err1 := w.C.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		pods, err2 := w.C.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+		leases, err3 := w.C.CoordinationV1().Leases(api.DefaultSystemNamespace).List(ctx, metav1.ListOptions{})
 		if err := errors.Join(err1, err2, err3); err != nil {
 			last = err.Error()
 			return false, nil

@@ -1,0 +1,59 @@
+// Package sandboxtest is what the sandbox suites (test/e2e, test/faults) share: a test's
+// handle on a running sandbox cluster and the pod steps every test takes.
+package sandboxtest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/dynamig/dynamig/test/sandbox"
+)
+
+// World is one test's sandbox: the test, its context, the sandbox and its API client.
+type World struct {
+	T   *testing.T
+	Ctx context.Context
+	SB  *sandbox.Sandbox
+	C   kubernetes.Interface
+}
+
+// Create creates the pods, failing the test on the first error.
+func (w *World) Create(pods ...*v1.Pod) {
+	w.T.Helper()
+	for _, p := range pods {
+		if _, err := w.C.CoreV1().Pods(p.Namespace).Create(w.Ctx, p, metav1.CreateOptions{}); err != nil {
+			w.T.Fatalf("creating %s: %v", p.Name, err)
+		}
+	}
+}
+
+// Get reads the pod name of namespace default.
+func (w *World) Get(name string) *v1.Pod {
+	w.T.Helper()
+	p, err := w.C.CoreV1().Pods("default").Get(w.Ctx, name, metav1.GetOptions{})
+	if err != nil {
+		w.T.Fatal(err)
+	}
+	return p
+}
+
+// WaitFor polls cond until it holds, failing the test after timeout with what cond last
+// said.
+func (w *World) WaitFor(what string, timeout time.Duration, cond func() (bool, string)) {
+	w.T.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(w.Ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		ok, why := cond()
+		last = why
+		return ok, nil
+	})
+	if err != nil {
+		w.T.Fatalf("waiting %v for %s: %s", timeout, what, last)
+	}
+}
