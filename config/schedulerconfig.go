@@ -12,6 +12,27 @@ import (
 // without DynamicMIG args gets the defaults. The args are decoded strictly, defaulted and
 // validated, as the scheduler does.
 func DynamicMIGArgsOf(kubeSchedulerConfig []byte, schedulerName string) (*DynamicMIGArgs, error) {
+	written, profile, err := DynamicMIGArgsAsWritten(kubeSchedulerConfig, schedulerName)
+	if err != nil {
+		return nil, err
+	}
+	raw := []byte("{}")
+	if written != nil {
+		if raw, err = yaml.Marshal(written); err != nil {
+			return nil, err
+		}
+	}
+	args, err := DecodeDynamicMIGArgs(raw)
+	if err != nil {
+		return nil, fmt.Errorf("KubeSchedulerConfiguration, profile %s: %w", profile, err)
+	}
+	return args, nil
+}
+
+// DynamicMIGArgsAsWritten finds the profile as DynamicMIGArgsOf does and returns its
+// DynamicMIG args as written, undecoded and without defaults (nil when it has none), and
+// the profile's schedulerName ("" when no profile configures DynamicMIG and none was named).
+func DynamicMIGArgsAsWritten(kubeSchedulerConfig []byte, schedulerName string) (map[string]any, string, error) {
 	var cfg struct {
 		Profiles []struct {
 			SchedulerName string `json:"schedulerName"`
@@ -22,7 +43,7 @@ func DynamicMIGArgsOf(kubeSchedulerConfig []byte, schedulerName string) (*Dynami
 		} `json:"profiles"`
 	}
 	if err := yaml.Unmarshal(kubeSchedulerConfig, &cfg); err != nil {
-		return nil, fmt.Errorf("KubeSchedulerConfiguration: %w", err)
+		return nil, "", fmt.Errorf("KubeSchedulerConfiguration: %w", err)
 	}
 	var found []map[string]any
 	var names []string
@@ -42,24 +63,11 @@ func DynamicMIGArgsOf(kubeSchedulerConfig []byte, schedulerName string) (*Dynami
 	}
 	switch {
 	case len(found) == 0 && schedulerName != "":
-		return nil, fmt.Errorf("KubeSchedulerConfiguration: no profile has schedulerName %q", schedulerName)
+		return nil, "", fmt.Errorf("KubeSchedulerConfiguration: no profile has schedulerName %q", schedulerName)
 	case len(found) == 0:
-		args := &DynamicMIGArgs{}
-		args.SetDefaults()
-		return args, nil
+		return nil, "", nil
 	case len(found) > 1:
-		return nil, fmt.Errorf("KubeSchedulerConfiguration: profiles %v all configure DynamicMIG: name one", names)
+		return nil, "", fmt.Errorf("KubeSchedulerConfiguration: profiles %v all configure DynamicMIG: name one", names)
 	}
-	raw, err := yaml.Marshal(found[0])
-	if err != nil {
-		return nil, err
-	}
-	if found[0] == nil {
-		raw = []byte("{}")
-	}
-	args, err := DecodeDynamicMIGArgs(raw)
-	if err != nil {
-		return nil, fmt.Errorf("KubeSchedulerConfiguration, profile %s: %w", names[0], err)
-	}
-	return args, nil
+	return found[0], names[0], nil
 }

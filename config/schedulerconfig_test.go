@@ -47,6 +47,19 @@ func TestDynamicMIGArgsOf(t *testing.T) {
 	}
 }
 
+// TestDynamicMIGArgsAsWritten: the profile's args as written, no defaults added, and its
+// name; nil for a profile without args.
+func TestDynamicMIGArgsAsWritten(t *testing.T) {
+	written, profile, err := DynamicMIGArgsAsWritten([]byte("profiles: [{schedulerName: x, pluginConfig: [{name: DynamicMIG, args: {nodeSchedulerPolicy: spread}}]}]"), "")
+	if err != nil || profile != "x" || len(written) != 1 || written["nodeSchedulerPolicy"] != "spread" {
+		t.Errorf("%v, %q, %v", written, profile, err)
+	}
+	written, profile, err = DynamicMIGArgsAsWritten([]byte("profiles: [{schedulerName: y}]"), "y")
+	if err != nil || profile != "y" || written != nil {
+		t.Errorf("no args: %v, %q, %v", written, profile, err)
+	}
+}
+
 // FuzzDynamicMIGArgsOf: a KubeSchedulerConfiguration as kubectl dynamig and the sandbox read
 // it. Never a panic; the args found are valid.
 func FuzzDynamicMIGArgsOf(f *testing.F) {

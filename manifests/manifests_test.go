@@ -129,26 +129,13 @@ func TestHAMiValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sc struct {
-		Profiles []struct {
-			SchedulerName string `json:"schedulerName"`
-			PluginConfig  []struct {
-				Name string         `json:"name"`
-				Args map[string]any `json:"args"`
-			} `json:"pluginConfig"`
-		} `json:"profiles"`
-	}
-	if err := yaml.Unmarshal([]byte(sched), &sc); err != nil {
+	// As written, not decoded: a default must not hide a key the chart failed to render.
+	args, profile, err := config.DynamicMIGArgsAsWritten([]byte(sched), "")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if len(sc.Profiles) != 1 || sc.Profiles[0].SchedulerName != "hami-scheduler" {
-		t.Fatalf("schedulerName: want the profile hami-scheduler, got %+v", sc.Profiles)
-	}
-	var args map[string]any
-	for _, pc := range sc.Profiles[0].PluginConfig {
-		if pc.Name == "DynamicMIG" {
-			args = pc.Args
-		}
+	if profile != "hami-scheduler" {
+		t.Fatalf("schedulerName: want the profile hami-scheduler, got %q", profile)
 	}
 	for key, want := range map[string]any{
 		"nodeSchedulerPolicy":        "spread",  // scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy
