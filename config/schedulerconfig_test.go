@@ -54,8 +54,8 @@ func TestDynamicMIGArgsAsWritten(t *testing.T) {
 	if err != nil || profile != "x" || len(written) != 1 || written["nodeSchedulerPolicy"] != "spread" {
 		t.Errorf("%v, %q, %v", written, profile, err)
 	}
-	written, profile, err = DynamicMIGArgsAsWritten([]byte("profiles: [{schedulerName: y}]"), "y")
-	if err != nil || profile != "y" || written != nil {
+	written, profile, err = DynamicMIGArgsAsWritten([]byte("profiles: [{schedulerName: z}]"), "z")
+	if err != nil || profile != "z" || written != nil {
 		t.Errorf("no args: %v, %q, %v", written, profile, err)
 	}
 }
