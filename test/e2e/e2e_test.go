@@ -7,7 +7,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"crypto/ed25519"
 	"flag"
 	"fmt"
@@ -90,16 +89,7 @@ func startConfig(t *testing.T, cfg sandboxconfig.Config) *world {
 
 func startSandbox(t *testing.T, installFile string, cfg sandboxconfig.Config) *world {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	sctx, scancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer scancel()
-	sb, err := sandbox.Start(sctx, sandbox.Options{Config: cfg, Install: installFile})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sb.Stop(); cancel() })
-	return &world{sandboxtest.World{T: t, Ctx: ctx, SB: sb, C: sb.Client()}}
+	return &world{sandboxtest.Start(t, sandbox.Options{Config: cfg, Install: installFile}, 2*time.Minute)}
 }
 
 func mig(name string, gpus ...string) sandboxconfig.NodeConfig {

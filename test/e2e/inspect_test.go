@@ -89,7 +89,7 @@ func TestExplainMatchesScheduler(t *testing.T) {
 		{"mig-on-core", "core", "no MIG-capable GPU of the allowed type", 4000, api.ModeMIG},
 	} {
 		t.Run(tc.pod, func(t *testing.T) {
-			w := w.with(t)
+			w := &world{w.For(t)}
 			w.Create(pinned(tc.pod, tc.mode, tc.memory, tc.node))
 			msg := w.pending(tc.pod)
 			var got explained
@@ -227,13 +227,6 @@ func TestSimulateMatchesScheduler(t *testing.T) {
 			t.Errorf("%s: simulate said %v, the scheduler reserved %v", name, l.Devices, got)
 		}
 	}
-}
-
-// with is w for a subtest.
-func (w *world) with(t *testing.T) *world {
-	c := *w
-	c.T = t
-	return &c
 }
 
 // gonePods waits until the pods' objects are gone from the API.

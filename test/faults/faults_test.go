@@ -7,7 +7,6 @@
 package faults
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -41,21 +40,7 @@ type world struct{ sandboxtest.World }
 
 func start(t *testing.T, nodes ...sandboxconfig.NodeConfig) *world {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	sctx, scancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer scancel()
-	sb, err := sandbox.Start(sctx, sandbox.Options{Config: sandboxconfig.Config{Nodes: nodes}, Install: install})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sb.Stop(); cancel() })
-	return &world{sandboxtest.World{T: t, Ctx: ctx, SB: sb, C: sb.Client()}}
-}
-
-// on is w for a subtest.
-func (w *world) on(t *testing.T) *world {
-	return &world{sandboxtest.World{T: t, Ctx: w.Ctx, SB: w.SB, C: w.C}}
+	return &world{sandboxtest.Start(t, sandbox.Options{Config: sandboxconfig.Config{Nodes: nodes}, Install: install}, 3*time.Minute)}
 }
 
 func mig(name string, gpus ...string) sandboxconfig.NodeConfig {
@@ -202,7 +187,7 @@ func TestFaults(t *testing.T) {
 	// so), the half-made GPU instance is rolled back, and the kubelet's retry realises it.
 	for _, op := range []sim.Op{sim.OpCreateGpuInstance, sim.OpCreateComputeInstance} {
 		t.Run(op.String()+" fails", func(t *testing.T) {
-			w := w.on(t)
+			w := &world{w.For(t)}
 			name := strings.ToLower(op.String())
 			w.SB.GPUs("create").FailNext(0, op, nvml.ErrorInsufficientRes)
 			w.Create(pod(name, "create", 9000))
@@ -220,7 +205,7 @@ func TestFaults(t *testing.T) {
 	// create: the next plugin finds the intent in its checkpoint, clears the half-made GPU
 	// instance, and the kubelet's retry realises the pod.
 	t.Run("device plugin killed between GI and CI create", func(t *testing.T) {
-		w := w.on(t)
+		w := &world{w.For(t)}
 		hold := w.SB.GPUs("kill").HoldNext(0, sim.OpCreateComputeInstance)
 		w.Create(pod("k1", "kill", 9000))
 		waitHeld(t, hold)
@@ -243,7 +228,7 @@ func TestFaults(t *testing.T) {
 	// and before the write-back: the next plugin finds the intent and an instance at its
 	// placement, redoes the create, and the pod runs on exactly one instance.
 	t.Run("device plugin killed between create and write-back", func(t *testing.T) {
-		w := w.on(t)
+		w := &world{w.For(t)}
 		killed := make(chan error, 1)
 		w.SB.GPUs("kill").AfterNext(0, sim.OpCreateComputeInstance, func() {
 			killed <- w.SB.KillDevicePlugin(w.Ctx, "kill")
@@ -272,7 +257,7 @@ func TestFaults(t *testing.T) {
 	// The write-back is lost (the API server unreachable just after the create), then the
 	// plugin restarts: the instance recorded in the checkpoint is adopted, not made twice.
 	t.Run("write-back lost and device plugin restarted", func(t *testing.T) {
-		w := w.on(t)
+		w := &world{w.For(t)}
 		created := make(chan struct{})
 		t.Cleanup(func() { _ = w.SB.CutAPI("kill", false) })
 		w.SB.GPUs("kill").AfterNext(0, sim.OpCreateComputeInstance, func() {
@@ -301,7 +286,7 @@ func TestFaults(t *testing.T) {
 	// PreStartContainer outlives the kubelet's 30 s deadline (the create hangs): the create
 	// completes after the kubelet gave up, and the kubelet's retry adopts that instance.
 	t.Run("PreStart deadline exceeded", func(t *testing.T) {
-		w := w.on(t)
+		w := &world{w.For(t)}
 		hold := w.SB.GPUs("create").HoldNext(0, sim.OpCreateGpuInstance)
 		w.Create(pod("slow", "create", 9000))
 		waitHeld(t, hold)
@@ -317,7 +302,7 @@ func TestFaults(t *testing.T) {
 
 	// The kubelet restarts while a pod's PreStartContainer is creating its instance.
 	t.Run("kubelet restart with a pod starting", func(t *testing.T) {
-		w := w.on(t)
+		w := &world{w.For(t)}
 		hold := w.SB.GPUs("create").HoldNext(0, sim.OpCreateGpuInstance)
 		w.Create(pod("kr", "create", 9000))
 		waitHeld(t, hold)
@@ -337,7 +322,7 @@ func TestFaults(t *testing.T) {
 	// another starts (PreStart): nothing is destroyed on an unreadable API state, PreStart
 	// fails until the API is back, then the new pod runs and the ended pod's instance goes.
 	t.Run("API server unreachable for 30s", func(t *testing.T) {
-		w := w.on(t)
+		w := &world{w.For(t)}
 		w.Create(pod("old", "api", 9000))
 		old := w.running("old", 60*time.Second)
 		if err := w.SB.CutAPI("api", true); err != nil {
@@ -368,7 +353,7 @@ func TestFaults(t *testing.T) {
 	// kept (never destroyed busy) and published as unexplained, so the scheduler does not
 	// hand its placement out; once the process ends, the next reclaim pass takes it.
 	t.Run("destroy IN_USE", func(t *testing.T) {
-		w := w.on(t)
+		w := &world{w.For(t)}
 		w.Create(pod("busy", "reclaim", 9000))
 		r := w.running("busy", 60*time.Second)
 		gpus := w.SB.GPUs("reclaim")
@@ -407,7 +392,7 @@ func TestFaults(t *testing.T) {
 	// The pod is deleted while its PreStartContainer creates the instance: the instance is
 	// made for a pod that no longer exists, and reclaim destroys it.
 	t.Run("pod deleted during PreStart", func(t *testing.T) {
-		w := w.on(t)
+		w := &world{w.For(t)}
 		hold := w.SB.GPUs("reclaim").HoldNext(0, sim.OpCreateGpuInstance)
 		w.Create(pod("gone", "reclaim", 9000))
 		waitHeld(t, hold)
@@ -426,7 +411,7 @@ func TestFaults(t *testing.T) {
 	// publishes the GPU unhealthy, no new pod is placed on it and nothing of it is destroyed;
 	// the pod on it keeps its instance, and the GPU serves again once it is back.
 	t.Run("GPU lost with a pod on it", func(t *testing.T) {
-		w := w.on(t)
+		w := &world{w.For(t)}
 		w.Create(pod("on-lost", "bus", 19000))
 		r := w.running("on-lost", 60*time.Second)
 		gpus := w.SB.GPUs("bus")
@@ -473,7 +458,7 @@ func TestFaults(t *testing.T) {
 	// advertising the devices). The pod running there keeps running throughout, and a plugin
 	// started again takes the Pending pod.
 	t.Run("device plugin gone", func(t *testing.T) {
-		w := w.on(t)
+		w := &world{w.For(t)}
 		w.Create(pod("stays", "gone", 9000))
 		r := w.running("stays", 60*time.Second)
 		if err := w.SB.CutAPI("gone", true); err != nil {
@@ -526,7 +511,7 @@ func TestFaults(t *testing.T) {
 	// The node's clock is 30 s ahead, 30 s behind, then 45 s behind the scheduler's: its
 	// heartbeat stays fresh and pods are placed on it.
 	t.Run("clock skew", func(t *testing.T) {
-		w := w.on(t)
+		w := &world{w.For(t)}
 		for i, skew := range []time.Duration{30 * time.Second, -30 * time.Second, -45 * time.Second} {
 			if err := w.SB.SetClockSkew("gone", skew); err != nil {
 				t.Fatal(err)
@@ -544,7 +529,7 @@ func TestFaults(t *testing.T) {
 	// The node reboots: every instance and CDI spec is lost, the pods stay bound, and their
 	// containers come back on instances made again at the reserved placements.
 	t.Run("node reboot", func(t *testing.T) {
-		w := w.on(t)
+		w := &world{w.For(t)}
 		w.Create(pod("r1", "reboot", 9000), pod("r2", "reboot", 4000))
 		before := map[string]api.MigReservation{"r1": w.running("r1", 60*time.Second), "r2": w.running("r2", 60*time.Second)}
 		if err := w.SB.RebootNode(w.Ctx, "reboot"); err != nil {
@@ -570,7 +555,7 @@ func TestFaults(t *testing.T) {
 	// answers lost with it), and the new one places the rest and more: no placement is
 	// given twice.
 	t.Run("scheduler restart with Bindings in flight", func(t *testing.T) {
-		w := w.on(t)
+		w := &world{w.For(t)}
 		var names []string
 		for i := 0; i < 6; i++ {
 			p := pod(fmt.Sprintf("s%d", i), "reboot", 4000)

@@ -23,6 +23,28 @@ type World struct {
 	C   kubernetes.Interface
 }
 
+// Start starts a sandbox of opts for the test, giving it startup to come up, and stops
+// it when the test ends.
+func Start(t *testing.T, opts sandbox.Options, startup time.Duration) World {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	sctx, scancel := context.WithTimeout(ctx, startup)
+	defer scancel()
+	sb, err := sandbox.Start(sctx, opts)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Stop(); cancel() })
+	return World{T: t, Ctx: ctx, SB: sb, C: sb.Client()}
+}
+
+// For is w for a subtest t.
+func (w World) For(t *testing.T) World {
+	w.T = t
+	return w
+}
+
 // Create creates the pods, failing the test on the first error.
 func (w *World) Create(pods ...*v1.Pod) {
 	w.T.Helper()
