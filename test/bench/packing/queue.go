@@ -20,11 +20,10 @@ type QueueOutcome struct {
 	// while at least one pod is pending, before and after the last arrival (NaN when no
 	// pod was pending then).
 	UtilArrivals, UtilDrain float64
-	// DrainTime is how long pods were pending after the last arrival, IdleDrain the
-	// cluster-time left unused meanwhile (capacity share × time, in the waits' unit), and
+	// DrainTime is how long pods were pending after the last arrival (in the waits' unit),
 	// PendingAtLast the pods pending at the last arrival.
-	DrainTime, IdleDrain float64
-	PendingAtLast        int
+	DrainTime     float64
+	PendingAtLast int
 	// MeanWait and P95Wait are the wait from arrival to placement, in the replay's unit
 	// of time; P95BySize the p95 per size (SizeLabel).
 	MeanWait, P95Wait float64
@@ -184,7 +183,6 @@ func QueueReplay(c *Cluster, p Policy, jobs []Job, unit float64, check bool) (Qu
 		out.UtilDrain = busyDrain / (capacity * timeDrain)
 	}
 	out.DrainTime = timeDrain / unit
-	out.IdleDrain = (capacity*timeDrain - busyDrain) / capacity / unit
 	for _, w := range allWaits {
 		out.MeanWait += w
 	}
