@@ -89,19 +89,28 @@ func comparisons[R any](section, panel string, policies []string, runs [][]R, fi
 	return out
 }
 
+// The figures the report's statements single out.
+var (
+	figAllocated100 = figure[InflationRun]{"allocated at 100 % offered", func(r InflationRun) float64 { return r.At100 }, true, true}
+	figUtilArrivals = figure[QueueOutcome]{"utilisation while pending, arrivals", func(o QueueOutcome) float64 { return o.UtilArrivals }, true, true}
+	figUtilDrain    = figure[QueueOutcome]{"utilisation while pending, drain", func(o QueueOutcome) float64 { return o.UtilDrain }, true, true}
+	figMeanWait     = figure[QueueOutcome]{"mean wait", func(o QueueOutcome) float64 { return o.MeanWait }, false, false}
+	figQueueAtLast  = figure[QueueOutcome]{"queue at last arrival", func(o QueueOutcome) float64 { return float64(o.PendingAtLast) }, false, false}
+)
+
 var inflationFigures = []figure[InflationRun]{
-	{"allocated at 100 % offered", func(r InflationRun) float64 { return r.At100 }, true, true},
+	figAllocated100,
 	{"allocated at 130 % offered", func(r InflationRun) float64 { return r.At130 }, true, true},
 	{"fill at first refusal", func(r InflationRun) float64 { return r.FirstRefusal }, true, true},
 	{"stranded at 130 %", func(r InflationRun) float64 { return r.Stranded }, false, true},
 }
 
 var queueFigures = []figure[QueueOutcome]{
-	{"utilisation while pending, arrivals", func(o QueueOutcome) float64 { return o.UtilArrivals }, true, true},
-	{"utilisation while pending, drain", func(o QueueOutcome) float64 { return o.UtilDrain }, true, true},
-	{"mean wait", func(o QueueOutcome) float64 { return o.MeanWait }, false, false},
+	figUtilArrivals,
+	figUtilDrain,
+	figMeanWait,
 	{"p95 wait", func(o QueueOutcome) float64 { return o.P95Wait }, false, false},
-	{"queue at last arrival", func(o QueueOutcome) float64 { return float64(o.PendingAtLast) }, false, false},
+	figQueueAtLast,
 	{"drain length", func(o QueueOutcome) float64 { return o.DrainTime }, false, false},
 }
 
@@ -114,8 +123,8 @@ func (r *Report) drainFollowsQueue() (concordant, pairs int) {
 		queue := make([]float64, len(p.Runs))
 		drain := make([]float64, len(p.Runs))
 		for pi, runs := range p.Runs {
-			queue[pi], _ = meanSD(values(runs, queueFigures[4].of))
-			drain[pi], _ = meanSD(values(runs, queueFigures[1].of))
+			queue[pi], _ = meanSD(values(runs, figQueueAtLast.of))
+			drain[pi], _ = meanSD(values(runs, figUtilDrain.of))
 		}
 		for i := range queue {
 			for j := i + 1; j < len(queue); j++ {
@@ -159,11 +168,11 @@ func (r *Report) Comparisons() []Comparison {
 	return out
 }
 
-// Shortfalls lists the comparisons where dynamig is worse than the baseline by more than
+// shortfalls lists the comparisons where dynamig is worse than the baseline by more than
 // the standard error.
-func (r *Report) Shortfalls() []Comparison {
+func shortfalls(cs []Comparison) []Comparison {
 	var out []Comparison
-	for _, c := range r.Comparisons() {
+	for _, c := range cs {
 		if c.Paired.Worse() {
 			out = append(out, c)
 		}
@@ -221,7 +230,7 @@ func (r *Report) writeSummary(w io.Writer) {
 		}
 		fmt.Fprintf(w, "\n|---|---|---:|---:|---:|%s\n", strings.Repeat("---:|", len(r.Policies)-1))
 		for _, p := range r.Inflation {
-			at100 := values(p.Runs[0], inflationFigures[0].of)
+			at100 := values(p.Runs[0], figAllocated100.of)
 			m, _ := meanSD(at100)
 			ratio := make([]float64, len(at100))
 			for i := range at100 {
@@ -231,7 +240,7 @@ func (r *Report) writeSummary(w io.Writer) {
 			k, _ := meanSD(p.Packing100)
 			fmt.Fprintf(w, "| %s | %s | %s | %s | %s |", p.Workload, p.Cluster, pct(m), pct(rm), pct(k))
 			for bi := 1; bi < len(r.Policies); bi++ {
-				fmt.Fprintf(w, " %s |", points(pair(at100, values(p.Runs[bi], inflationFigures[0].of), true)))
+				fmt.Fprintf(w, " %s |", points(pair(at100, values(p.Runs[bi], figAllocated100.of), true)))
 			}
 			fmt.Fprintln(w)
 		}
@@ -245,23 +254,23 @@ func (r *Report) writeSummary(w io.Writer) {
 		}
 		fmt.Fprintf(w, "\n|---|---|---:|---:|%s\n", strings.Repeat("---:|", len(r.Policies)-1))
 		for _, p := range r.Queue {
-			u, _ := meanSD(values(p.Runs[0], queueFigures[0].of))
-			dw, _ := meanSD(values(p.Runs[0], queueFigures[2].of))
+			u, _ := meanSD(values(p.Runs[0], figUtilArrivals.of))
+			dw, _ := meanSD(values(p.Runs[0], figMeanWait.of))
 			fmt.Fprintf(w, "| %s | %d × %s | %s | %.3g %s |", p.Workload, p.GPUs, p.Cluster, pct(u), dw, p.TimeUnit)
 			for bi := 1; bi < len(r.Policies); bi++ {
-				bw, _ := meanSD(values(p.Runs[bi], queueFigures[2].of))
+				bw, _ := meanSD(values(p.Runs[bi], figMeanWait.of))
 				fmt.Fprintf(w, " %.3f |", dw/bw)
 			}
 			fmt.Fprintln(w)
 		}
 		fmt.Fprintln(w)
 	}
-	short := r.Shortfalls()
+	all := r.Comparisons()
+	short := shortfalls(all)
 	if len(short) == 0 {
 		fmt.Fprintf(w, "On every paired inflation-fill and queueing figure below, dynamig is at least as good as every baseline within one standard error.\n\n")
 	} else {
 		fmt.Fprintf(w, "Paired figures below where dynamig is worse than a baseline by more than one standard error (%d):\n\n", len(short))
-		all := r.Comparisons()
 		n, one := byChance(all, 1)
 		_, two := byChance(all, 2)
 		beyondTwo := 0
@@ -282,9 +291,9 @@ func (r *Report) writeSummary(w io.Writer) {
 		}
 		for _, s := range short {
 			fmt.Fprintf(w, "- %s, %s, %s vs %s: %+.4f ± %.4f (%d/%d/%d)", s.Section, s.Panel, s.Figure, s.Baseline, s.Paired.Mean, s.Paired.SE, s.Paired.Win, s.Paired.Tie, s.Paired.Loss)
-			if s.Figure == queueFigures[1].name {
-				q := same[[4]string{s.Section, s.Panel, queueFigures[4].name, s.Baseline}]
-				m := same[[4]string{s.Section, s.Panel, queueFigures[2].name, s.Baseline}]
+			if s.Figure == figUtilDrain.name {
+				q := same[[4]string{s.Section, s.Panel, figQueueAtLast.name, s.Baseline}]
+				m := same[[4]string{s.Section, s.Panel, figMeanWait.name, s.Baseline}]
 				fmt.Fprintf(w, "; queue at last arrival %+.3g ± %.2g, mean wait %+.3g ± %.2g", q.Mean, q.SE, m.Mean, m.SE)
 			}
 			fmt.Fprintln(w)
@@ -305,12 +314,12 @@ func (r *Report) writeStatements(w io.Writer) {
 			if p.Workload != wl.Name {
 				continue
 			}
-			at100 := values(p.Runs[0], inflationFigures[0].of)
+			at100 := values(p.Runs[0], figAllocated100.of)
 			for i := range at100 {
 				capRatio = append(capRatio, at100[i]/p.Capacity100[i])
 			}
 			for bi := 1; bi < len(r.Policies); bi++ {
-				lead[r.Policies[bi]] = append(lead[r.Policies[bi]], inflationFigures[0].paired(p.Runs, bi))
+				lead[r.Policies[bi]] = append(lead[r.Policies[bi]], figAllocated100.paired(p.Runs, bi))
 			}
 		}
 		if len(capRatio) == 0 {
@@ -331,9 +340,9 @@ func (r *Report) writeStatements(w io.Writer) {
 			if p.Workload != wl.Name {
 				continue
 			}
-			dw, _ := meanSD(values(p.Runs[0], queueFigures[2].of))
+			dw, _ := meanSD(values(p.Runs[0], figMeanWait.of))
 			for bi := 1; bi < len(r.Policies); bi++ {
-				bw, _ := meanSD(values(p.Runs[bi], queueFigures[2].of))
+				bw, _ := meanSD(values(p.Runs[bi], figMeanWait.of))
 				waits = append(waits, dw/bw)
 			}
 		}
