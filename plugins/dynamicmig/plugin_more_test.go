@@ -557,3 +557,11 @@ func TestBinpackFirstFitByName(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxNodeScore: NormalizeScore ranks onto placement.MaxNodeScore, which must be the
+// range kube-scheduler accepts.
+func TestMaxNodeScore(t *testing.T) {
+	if placement.MaxNodeScore != fwk.MaxNodeScore {
+		t.Errorf("placement.MaxNodeScore %d, kube-scheduler's %d", placement.MaxNodeScore, fwk.MaxNodeScore)
+	}
+}
