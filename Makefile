@@ -32,7 +32,7 @@ FUZZ_TARGETS := \
 	./nvml/sim:FuzzParseGPUList \
 	./webhook:FuzzHandle
 
-.PHONY: all build test unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-burst kubectl
+.PHONY: all build test unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-burst kubectl
 
 all: build
 
@@ -128,6 +128,11 @@ bench-throughput:
 # the in-process plugin, 1000 nodes, QPS 5000, written to docs/benchmarks/extender/.
 bench-throughput-extender:
 	$(GO) run ./test/bench/throughput/cmd -out docs/benchmarks/extender -nodes 1000 -qps 5000/5000 -scenarios a,e,b -cpuprofile ''
+
+# (a), (g) and (b) with kube-scheduler examining 100 nodes per pod (percentageOfNodesToScore
+# 10), 500 and 1000 nodes, QPS 5000, written to docs/benchmarks/sampled/ (~5 minutes).
+bench-throughput-sampled:
+	$(GO) run ./test/bench/throughput/cmd -out docs/benchmarks/sampled -nodes 500,1000 -qps 5000/5000 -scenarios a,g,b -cpuprofile '' -percentage-of-nodes-to-score 10
 
 # A burst of 56 one-slice pods at one node of 8 A100-40GB on the whole sandbox, NVML taking
 # 1.5 s per GPU-instance create, three runs, written to docs/benchmarks/burst.md (~3 minutes).

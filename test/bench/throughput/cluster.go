@@ -175,19 +175,22 @@ const (
 )
 
 // configEdit edits the shipped KubeSchedulerConfiguration for profile, with
-// clientConnection qps and burst set (cluster.ControlPlane.SchedulerConfig applies it and
-// completes the copy with the kubeconfig).
-func configEdit(profile Profile, qps float64, burst int, extenderURL string) func(doc map[string]any) error {
-	return func(doc map[string]any) error { return editConfig(doc, profile, qps, burst, extenderURL) }
+// clientConnection qps and burst set and, when nodesToScore > 0, percentageOfNodesToScore
+// (cluster.ControlPlane.SchedulerConfig applies it and completes the copy with the kubeconfig).
+func configEdit(profile Profile, qps float64, burst int, nodesToScore int, extenderURL string) func(doc map[string]any) error {
+	return func(doc map[string]any) error { return editConfig(doc, profile, qps, burst, nodesToScore, extenderURL) }
 }
 
-func editConfig(doc map[string]any, profile Profile, qps float64, burst int, extenderURL string) error {
+func editConfig(doc map[string]any, profile Profile, qps float64, burst int, nodesToScore int, extenderURL string) error {
 	cc, ok := doc["clientConnection"].(map[string]any)
 	if !ok {
 		cc = map[string]any{}
 		doc["clientConnection"] = cc
 	}
 	cc["qps"], cc["burst"] = qps, burst
+	if nodesToScore > 0 {
+		doc["percentageOfNodesToScore"] = nodesToScore
+	}
 	if profile == Extender {
 		doc["extenders"] = []any{map[string]any{
 			"urlPrefix": extenderURL, "filterVerb": "filter", "bindVerb": "bind", "nodeCacheCapable": true,

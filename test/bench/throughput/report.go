@@ -71,7 +71,14 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		"In a cluster that write is served by the API server, not the scheduler's process; here it shares the 2 cores with the scheduler, "+
 		"so (f)/(b) is what it costs this all-in-one process. "+
 		"There is no hand-off Lease: the scheduler's Bind is the Binding alone.\n", cluster.UserDevicePlugin, cluster.StandInWrite)
-	fmt.Fprintf(w, "- Client QPS: the scheduler's `clientConnection` qps/burst patched in the config copy: %s.\n\n", qpsList(r.Config.QPS))
+	fmt.Fprintf(w, "- Client QPS: the scheduler's `clientConnection` qps/burst patched in the config copy: %s.\n", qpsList(r.Config.QPS))
+	if n := r.Config.PercentageOfNodesToScore; n > 0 {
+		fmt.Fprintf(w, "- Nodes examined per pod: `percentageOfNodesToScore: %d` patched in the config copy, every scenario: kube-scheduler stops filtering a pod "+
+			"once it has found %d %% of the nodes feasible, and at least 100.\n\n", n, n)
+	} else {
+		fmt.Fprintf(w, "- Nodes examined per pod: the configuration leaves `percentageOfNodesToScore` unset, so kube-scheduler stops filtering a pod "+
+			"once it has found 50 %% minus 1 %% per 125 nodes of the nodes feasible, and at least 100 (100 nodes: all; 500: 230; 1000: 420).\n\n")
+	}
 	fmt.Fprintf(w, "Measures: **pods/s** = pods ÷ (last pod seen bound by a watch − first create request); "+
 		"**latency** = from a pod's create request to its binding seen by the watch; "+
 		"**writes/pod** = the scheduler's writes (audit log at the API server, user `%s`, successful writes only, events excluded and listed apart) ÷ pods bound; **refused write attempts** = the scheduler's writes the server answered with an error (a Binding whose request failed under load, though it may have been applied), not in writes/pod; "+

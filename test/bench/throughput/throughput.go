@@ -104,6 +104,11 @@ type Config struct {
 	Pods int
 	// QPS are the scheduler client rate limits to run each scenario with.
 	QPS []QPS
+	// PercentageOfNodesToScore, when above 0, replaces the configuration's (every scenario):
+	// kube-scheduler stops filtering a pod once it has found that share of the nodes
+	// feasible, and at least 100 (0: the shipped configuration's, which leaves kube-scheduler's
+	// adaptive default: 50 % minus 1 % per 125 nodes).
+	PercentageOfNodesToScore int
 	// Timeout bounds each scenario from its first create; pods not bound by then are
 	// reported as such (default 5 min + 100 ms per pod).
 	Timeout time.Duration
@@ -233,7 +238,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				}
 				url = ext.URL()
 			}
-			full, err := cp.SchedulerConfig(cfg.SchedulerConfig, configEdit(p, q.QPS, q.Burst, url))
+			full, err := cp.SchedulerConfig(cfg.SchedulerConfig, configEdit(p, q.QPS, q.Burst, cfg.PercentageOfNodesToScore, url))
 			if err != nil {
 				return nil, err
 			}

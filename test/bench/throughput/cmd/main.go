@@ -31,6 +31,7 @@ func main() {
 	order := flag.String("scenarios", "a,c,g,b,f", "the scenarios to run at each size and QPS, in this order")
 	profileScenario := flag.String("profile-scenario", "b", "the scenario -cpuprofile records: a, b, c, d, e or f")
 	timeout := flag.Duration("timeout", 0, "per scenario, from its first create: pods not bound by then are reported as such (0: 5 min + 100 ms per pod)")
+	nodesToScore := flag.Int("percentage-of-nodes-to-score", 0, "percentageOfNodesToScore for every scenario (0: the configuration's)")
 	logPath := flag.String("log", "", "file for the control plane's and scheduler's logs (default: a temporary file, removed on success)")
 	flag.Parse()
 
@@ -38,7 +39,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	cfg := throughput.Config{SchedulerConfig: *schedConfig, Pods: *pods, Timeout: *timeout, Order: strings.Split(*order, ",")}
+	cfg := throughput.Config{SchedulerConfig: *schedConfig, Pods: *pods, Timeout: *timeout, Order: strings.Split(*order, ","), PercentageOfNodesToScore: *nodesToScore}
+	if *nodesToScore < 0 || *nodesToScore > 100 {
+		fail(fmt.Errorf("-percentage-of-nodes-to-score: %d is not between 0 and 100", *nodesToScore))
+	}
 	for _, s := range strings.Split(*nodes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n <= 0 {
