@@ -13,7 +13,7 @@ var Registry = prometheus.NewRegistry()
 var (
 	latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "dynamig", Subsystem: "scheduler", Name: "extension_point_duration_seconds",
-		Help:    "Time DynamicMIG spends per call at Filter, Score and Bind.",
+		Help:    "Time DynamicMIG spends per call at Filter and Score (in the scheduling cycles kube-scheduler samples for its plugin metrics, 10 %) and at Bind (every call).",
 		Buckets: prometheus.ExponentialBuckets(0.00001, 4, 10),
 	}, []string{"extension_point"})
 	refusals = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -22,8 +22,10 @@ var (
 	}, []string{"reason"})
 )
 
-// The observers of each extension point, resolved once: Filter and Score observe for every
-// node of every cycle.
+// The observers of each extension point, resolved once. Filter and Score run for every node
+// of every cycle, so they observe only where kube-scheduler samples its own plugin metrics
+// (CycleState.ShouldRecordPluginMetrics): two clock reads per node cost a sixth of
+// DynamicMIG's cycle (BenchmarkCycle1000Nodes).
 var (
 	filterLatency = latency.WithLabelValues("filter")
 	scoreLatency  = latency.WithLabelValues("score")

@@ -45,7 +45,7 @@ func init() { schedmetrics.Register() }
 // it) over a fake clientset whose Binding subresource writes the node and annotations into
 // the stored pod, as the API server does.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	ctx    context.Context
 	client *fake.Clientset
 	fw     framework.Framework
@@ -73,7 +73,7 @@ func (s *swappableSnapshot) get() *cache.Snapshot {
 func (s *swappableSnapshot) NodeInfos() fwk.NodeInfoLister       { return s.get().NodeInfos() }
 func (s *swappableSnapshot) StorageInfos() fwk.StorageInfoLister { return s.get().StorageInfos() }
 
-func newEnv(t *testing.T, args *config.DynamicMIGArgs, nodes []*v1.Node, objs ...runtime.Object) *env {
+func newEnv(t testing.TB, args *config.DynamicMIGArgs, nodes []*v1.Node, objs ...runtime.Object) *env {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
@@ -242,7 +242,7 @@ func (e *env) mustSchedule(pod *v1.Pod) []api.MigReservation {
 }
 
 // gpuNode is a node with the inventory of simulated GPUs in mode.
-func gpuNode(t *testing.T, name, mode string, models ...string) *v1.Node {
+func gpuNode(t testing.TB, name, mode string, models ...string) *v1.Node {
 	return fixture.Node(t, name, mode, models...)
 }
 

@@ -3,14 +3,11 @@ package dynamicmig
 import (
 	"context"
 	"fmt"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 )
-
-var defaultClock = time.Now
 
 func errNoFit(node string) error {
 	return fmt.Errorf("no fit was computed for node %s in this cycle", node)

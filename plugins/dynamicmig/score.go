@@ -2,10 +2,12 @@ package dynamicmig
 
 import (
 	"context"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 
+	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
 
@@ -21,8 +23,9 @@ func (pl *DynamicMIG) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Po
 // fragmentation cost of the chosen placements and whether the node is in use already;
 // spread, how empty its GPUs, CPU and memory are after placement.
 func (pl *DynamicMIG) Score(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
-	start := defaultClock()
-	defer func() { observeLatency(scoreLatency, start) }()
+	if state.ShouldRecordPluginMetrics() {
+		defer observeLatency(scoreLatency, time.Now())
+	}
 	s, err := readState(state)
 	if err != nil {
 		return 0, fwk.AsStatus(err)
@@ -31,7 +34,11 @@ func (pl *DynamicMIG) Score(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if !ok {
 		return 0, fwk.AsStatus(errNoFit(nodeInfo.Node().Name))
 	}
-	return placement.NodeScore(f.gpuUtil, hostUtilisation(nodeInfo), f.inUse, f.result.Cost, s.req.NodePolicy, pl.opts.FragmentationAware), nil
+	var hostUtil float64
+	if s.req.NodePolicy == api.PolicySpread { // binpack does not read it
+		hostUtil = hostUtilisation(nodeInfo)
+	}
+	return placement.NodeScore(f.gpuUtil, hostUtil, f.inUse, f.result.Cost, s.req.NodePolicy, pl.opts.FragmentationAware), nil
 }
 
 // hostUtilisation is the node's requested CPU and memory as DynamicMIG scores them.

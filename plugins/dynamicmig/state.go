@@ -3,6 +3,7 @@ package dynamicmig
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -17,10 +18,16 @@ type stateData struct {
 	key string
 	// attempt collects the nodes' outcomes for the pending-pods gauge.
 	attempt *attempt
+	// now is when the cycle started; Filter judges heartbeats by it.
+	now time.Time
 
 	mu   sync.Mutex
 	fits map[string]*nodeFit
 }
+
+// maxPresizedFits bounds the room PreFilter makes for a cycle's fits: kube-scheduler filters
+// a share of a large cluster's nodes per pod (percentageOfNodesToScore), not all of them.
+const maxPresizedFits = 1024
 
 // nodeFit is a pod's fit on one node and the occupancy it was computed against.
 // It may be shared by cycles (fitCache): nothing writes to it after Filter.

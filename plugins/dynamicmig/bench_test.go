@@ -1,0 +1,72 @@
+package dynamicmig
+
+import (
+	"fmt"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+
+	"github.com/dynamig/dynamig/api"
+)
+
+// BenchmarkCycle1000Nodes is DynamicMIG's share of one scheduling cycle of a one-slice MIG
+// pod on 1000 nodes of 8 A100-40GB, each holding one pod already: PreFilter, Filter on every
+// node, PreScore, Score and NormalizeScore, as kube-scheduler runs them for a GPU pod (never
+// batched). The fits are cached after the first cycle, as they are in a scheduler whose
+// nodes did not change since the previous pod.
+func BenchmarkCycle1000Nodes(b *testing.B) {
+	node := gpuNode(b, "template", api.ModeMIG, "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB")
+	var nodes []*v1.Node
+	for i := range 1000 {
+		n := node.DeepCopy()
+		n.Name = fmt.Sprintf("node-%04d", i)
+		nodes = append(nodes, n)
+	}
+	e := newEnv(b, nil, nodes)
+	var bound []*v1.Pod
+	for i, n := range nodes {
+		if i%2 == 0 {
+			continue
+		}
+		p := gpuPod(fmt.Sprintf("held-%d", i), api.ModeMIG, [2]int{1, 4000})
+		p.Spec.NodeName = n.Name
+		bound = append(bound, p)
+	}
+	e.snapshot.set(cache.NewSnapshot(bound, nodes))
+	infos, _ := e.snapshot.NodeInfos().List()
+	pod := gpuPod("p", api.ModeMIG, [2]int{1, 4000})
+	cycle := func() {
+		state := framework.NewCycleState()
+		if _, st, _ := e.fw.RunPreFilterPlugins(e.ctx, state, pod); !st.IsSuccess() {
+			b.Fatal(st)
+		}
+		feasible := make([]fwk.NodeInfo, 0, len(infos))
+		for _, ni := range infos {
+			if st := e.pl.Filter(e.ctx, state, pod, ni); st.IsSuccess() {
+				feasible = append(feasible, ni)
+			}
+		}
+		if st := e.pl.PreScore(e.ctx, state, pod, feasible); !st.IsSuccess() {
+			b.Fatal(st)
+		}
+		scores := make(fwk.NodeScoreList, len(feasible))
+		for i, ni := range feasible {
+			s, st := e.pl.Score(e.ctx, state, pod, ni)
+			if !st.IsSuccess() {
+				b.Fatal(st)
+			}
+			scores[i] = fwk.NodeScore{Name: ni.Node().Name, Score: s}
+		}
+		if st := e.pl.NormalizeScore(e.ctx, state, pod, scores); !st.IsSuccess() {
+			b.Fatal(st)
+		}
+	}
+	cycle() // decodes every node's inventory and fills the fit cache
+	b.ResetTimer()
+	for range b.N {
+		cycle()
+	}
+}
