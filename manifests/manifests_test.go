@@ -239,3 +239,39 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// TestPercentageOfNodesToScore renders scheduler.percentageOfNodesToScore into the
+// KubeSchedulerConfiguration only when it is set, so kube-scheduler's adaptive default holds
+// otherwise.
+func TestPercentageOfNodesToScore(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		want   any // nil: not rendered
+	}{
+		{name: "default", values: nil, want: nil},
+		{name: "every node", values: map[string]any{"scheduler": map[string]any{"percentageOfNodesToScore": 100}}, want: float64(100)},
+		{name: "ten percent", values: map[string]any{"scheduler": map[string]any{"percentageOfNodesToScore": 10}}, want: float64(10)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw, err := ConfigMapData(render(t, tc.values), "dynamig-scheduler-config", "config.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var doc map[string]any
+			if err := yaml.Unmarshal([]byte(raw), &doc); err != nil {
+				t.Fatalf("config.yaml: %v\n%s", err, raw)
+			}
+			got, ok := doc["percentageOfNodesToScore"]
+			if tc.want == nil {
+				if ok {
+					t.Fatalf("percentageOfNodesToScore rendered as %v without the value", got)
+				}
+				return
+			}
+			if got != tc.want {
+				t.Fatalf("percentageOfNodesToScore = %v (%T), want %v\n%s", got, got, tc.want, raw)
+			}
+		})
+	}
+}

@@ -70,6 +70,11 @@ clientConnection:
   # Binding) on top of the events, so the defaults would cap the binding rate.
   qps: {{ .Values.scheduler.kubeQPS }}
   burst: {{ .Values.scheduler.kubeBurst }}
+{{- with .Values.scheduler.percentageOfNodesToScore }}
+# Share of the nodes kube-scheduler filters per pod above 100 nodes; 100: every node, so
+# nodeSchedulerPolicy orders them all (docs/configuration.md, node order on large clusters).
+percentageOfNodesToScore: {{ . }}
+{{- end }}
 profiles:
 - schedulerName: {{ .Values.schedulerName }}
   plugins:
