@@ -15,21 +15,15 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+	"github.com/dynamig/dynamig/test/fixture"
 )
 
 // a100 is an A100-PCIE-40GB's inventory entry, as the device plugin publishes it with the
-// default allowlist.
+// default allowlist, under the GPU UUID id.
 func a100(t *testing.T, id string) api.GPU {
 	t.Helper()
-	m, ok := config.LookupModel("A100-40GB")
-	if !ok {
-		t.Fatal("no A100-40GB in the model table")
-	}
-	g := api.GPU{ID: id, Type: "NVIDIA A100-PCIE-40GB", Mode: api.ModeMIG, Health: true, Slots: m.Slots, Count: 7, Devmem: m.MemoryMiB, Devcore: 100}
-	for _, name := range []string{"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"} {
-		p, _ := m.Profile(name)
-		g.MigProfiles = append(g.MigProfiles, api.MigProfile{Name: p.Name, MemoryMB: p.MemoryMiB, Core: m.CorePercent(p), SliceCount: p.ParsedName().Slices, Placements: p.Placements.List(), Instances: p.Instances})
-	}
+	g := fixture.Inventory(t, "a100", fixture.ModeConfig("a100", api.ModeMIG), "A100-PCIE-40GB")[0]
+	g.ID = id
 	return g
 }
 

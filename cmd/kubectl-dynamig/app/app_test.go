@@ -20,6 +20,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/inspect"
+	"github.com/dynamig/dynamig/test/fixture"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -30,13 +31,8 @@ var now = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 // [0,2) and [2,4) and mig-workload's at [4,6), and a hami-core node with one share.
 func seed(t *testing.T) *inspect.Cluster {
 	t.Helper()
-	m, _ := config.LookupModel("A100-40GB")
-	mig := api.GPU{ID: "GPU-1e4b6a9d-4fff-a516-3e24-1d86151d01bc", Type: "NVIDIA A100-PCIE-40GB", Mode: api.ModeMIG, Health: true, Slots: 8, Count: 7, Devmem: m.MemoryMiB, Devcore: 100}
-	for _, name := range []string{"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"} {
-		p, _ := m.Profile(name)
-		mig.MigProfiles = append(mig.MigProfiles, api.MigProfile{Name: p.Name, MemoryMB: p.MemoryMiB, Core: m.CorePercent(p),
-			SliceCount: p.ParsedName().Slices, Placements: p.Placements.List(), Instances: p.Instances})
-	}
+	mig := fixture.Inventory(t, "mig-node", fixture.ModeConfig("mig-node", api.ModeMIG), "A100-PCIE-40GB")[0]
+	mig.ID = "GPU-1e4b6a9d-4fff-a516-3e24-1d86151d01bc"
 	core := api.GPU{ID: "GPU-d7433ef1-6800-7560-ce0d-135ac7eef641", Type: "NVIDIA A100-SXM4-40GB", Mode: api.ModeHAMiCore, Health: true, Count: 10, Devmem: 40960, Devcore: 100}
 	nodes := []v1.Node{invNode(t, "mig-node", mig), invNode(t, "core-node", core)}
 	rec := func(dev, start int, uuid string) api.MigReservation {
