@@ -7,7 +7,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 
-	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
 
@@ -34,11 +33,7 @@ func (pl *DynamicMIG) Score(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if !ok {
 		return 0, fwk.AsStatus(errNoFit(nodeInfo.Node().Name))
 	}
-	var hostUtil float64
-	if s.req.NodePolicy == api.PolicySpread { // binpack does not read it
-		hostUtil = hostUtilisation(nodeInfo)
-	}
-	return placement.NodeScore(f.gpuUtil, hostUtil, f.inUse, f.result.Cost, s.req.NodePolicy, pl.opts.FragmentationAware), nil
+	return placement.NodeScore(f.gpuUtil, hostUtilisation(nodeInfo), f.inUse, f.result.Cost, s.req.NodePolicy, pl.opts.FragmentationAware), nil
 }
 
 // hostUtilisation is the node's requested CPU and memory as DynamicMIG scores them.
