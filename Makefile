@@ -6,6 +6,28 @@ export CGO_ENABLED := 1
 export CGO_CFLAGS := -Wno-deprecated-declarations
 
 BIN := bin
+
+# The Kubernetes matrix (k8s/versions.txt, the one place that lists the minors). K8S picks the
+# minor to build and test: `make build K8S=1.36`; the default is the newest supported. The base
+# minor builds with go.mod, every other with its k8s/<minor>/go.mod (`go -modfile`), passed to
+# every go command, and the tests' own, through GOFLAGS.
+k8s_column = $(shell awk '!/^\#/ && NF && $$3 ~ /$(2)/ {print $$$(1)}' k8s/versions.txt)
+K8S_SUPPORTED := $(call k8s_column,1,supported)
+K8S_PREVIEW := $(call k8s_column,1,preview)
+K8S_BASE := $(firstword $(K8S_SUPPORTED))
+K8S ?= $(lastword $(K8S_SUPPORTED))
+ifeq ($(filter $(K8S),$(K8S_SUPPORTED) $(K8S_PREVIEW)),)
+$(error K8S=$(K8S) is not in k8s/versions.txt: supported $(K8S_SUPPORTED), preview $(K8S_PREVIEW))
+endif
+K8S_RELEASE := $(shell awk '$$1 == "$(K8S)" {print $$2}' k8s/versions.txt)
+MODFILE := $(abspath $(if $(filter $(K8S),$(K8S_BASE)),go.mod,k8s/$(K8S)/go.mod))
+export GOFLAGS := $(strip $(filter-out -modfile=%,$(GOFLAGS)) -modfile=$(MODFILE))
+# A minor whose module file needs a newer Go than this one builds with that release, which the
+# go command fetches from the module proxy (1.38 needs Go 1.27).
+K8S_GO := $(shell awk '/^go /{print $$2}' $(MODFILE))
+ifneq ($(shell printf '%s\n' $(K8S_GO) $$($(GO) env GOVERSION | sed 's/^go//') | sort -V | tail -1),$(shell $(GO) env GOVERSION | sed 's/^go//'))
+export GOTOOLCHAIN := go$(K8S_GO)
+endif
 # How many inputs each fuzz target tries in `make test`.
 # An execution count, not a duration: a duration-based -fuzztime can fail a clean run with
 # "context deadline exceeded" at its end (go.dev/issue/75804, fixed in Go 1.27).
@@ -32,7 +54,7 @@ FUZZ_TARGETS := \
 	./nvml/sim:FuzzParseGPUList \
 	./webhook:FuzzHandle
 
-.PHONY: all build test unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-burst kubectl
+.PHONY: all build test test-minors test-minor test-preview modfiles print-k8s unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-burst kubectl
 
 all: build
 
@@ -44,22 +66,48 @@ LDFLAGS := -X github.com/dynamig/dynamig/version.version=$(VERSION) -X github.co
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
-test: lint unit race fuzz
+# Everything on the newest minor, then the suite of every other minor (test-minors).
+test: lint unit race fuzz test-minors
 
-# The real kubelet of the pinned Kubernetes (go.mod's tool k8s.io/kubernetes/cmd/kubelet),
-# which the test nodes run (test/kubeletnode); tests find it through DYNAMIG_KUBELET. The
-# version stamp is test/kubeletnode.LDFlags'.
-KUBELET := $(BIN)/kubelet
+# The real kubelet of the minor (its module file's tool k8s.io/kubernetes/cmd/kubelet), which
+# the test nodes run (test/kubeletnode); tests find it through DYNAMIG_KUBELET. The version
+# stamp is test/kubeletnode.LDFlags'.
+KUBELET := $(BIN)/kubelet-$(K8S)
 export DYNAMIG_KUBELET := $(abspath $(KUBELET))
-KUBELET_VERSION := v1.35.4
-$(KUBELET): go.mod go.sum
-	$(GO) build -ldflags "-X k8s.io/component-base/version.gitVersion=$(KUBELET_VERSION) -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35" -o $@ k8s.io/kubernetes/cmd/kubelet
+$(KUBELET): $(MODFILE) $(MODFILE:.mod=.sum)
+	$(GO) build -ldflags "-X k8s.io/component-base/version.gitVersion=$(K8S_RELEASE) -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(K8S)))" -o $@ k8s.io/kubernetes/cmd/kubelet
 
 unit: $(KUBELET)
 	$(GO) test -count=1 -timeout 30m ./...
 
 race: $(KUBELET)
 	$(GO) test -count=1 -race $(RACE_PKGS)
+
+# Each other minor of the matrix on its own module file and kubelet: test-minor for the
+# supported ones, test-preview for the preview; then a line per minor with its result.
+test-minors:
+	@results=; failed=; \
+	for m in $(filter-out $(K8S),$(K8S_SUPPORTED)) $(K8S_PREVIEW); do \
+		target=test-minor; case " $(K8S_PREVIEW) " in *" $$m "*) target=test-preview;; esac; \
+		start=$$(date +%s); \
+		if $(MAKE) --no-print-directory K8S=$$m $$target; then r=ok; else r=FAILED; failed=1; fi; \
+		results="$$results  Kubernetes $$m ($$target): $$r in $$(( $$(date +%s) - start )) s\n"; \
+	done; \
+	printf "Kubernetes minors besides $(K8S) (its whole suite ran above):\n$$results"; [ -z "$$failed" ]
+
+# One minor's suite: the DynamicMIG plugin's framework-level tests, the scheduler app's, the
+# integration suite, the device plugin on this minor's real kubelet, and the end-to-end subset
+# (the seed example through the webhook, a kubelet and a device-plugin restart with pods running,
+# preemption, and what the minor adds) on its real kube-apiserver, dynamig-scheduler and kubelet.
+MINOR_PKGS := ./plugins/dynamicmig/... ./cmd/dynamig-scheduler/... ./test/integration/... ./test/kubeletnode/...
+MINOR_E2E := ^(TestSeedExample|TestNodeRestarts|TestPreemption|TestDRA.*)$$/^(install.yaml|device_plugin|kubelet)$$
+test-minor: $(KUBELET)
+	$(GO) test -count=1 -timeout 30m $(MINOR_PKGS)
+	$(GO) test -count=1 -timeout 30m -run '$(MINOR_E2E)' ./test/e2e/
+
+# A preview (pre-release) minor: the plugin's framework-level tests.
+test-preview:
+	$(GO) test -count=1 -timeout 30m ./plugins/dynamicmig/...
 
 # Each fuzz target for a bounded count; `make fuzz FUZZSCALE=50` runs each 50 times longer.
 FUZZSCALE ?= 1
@@ -99,6 +147,10 @@ demo: $(KUBELET)
 # The three images (images/*/Dockerfile) with docker, podman or buildah; says so where none is.
 images:
 	VERSION=$(VERSION) COMMIT=$(COMMIT) hack/images.sh
+
+# k8s/<minor>/go.mod and go.sum of every minor of k8s/versions.txt but the base, from go.mod.
+modfiles:
+	GOFLAGS= $(GO) run ./hack/modfiles
 
 # manifests/install.yaml and manifests/scheduler-config.yaml, rendered from the Helm chart
 # manifests/charts/dynamig (a test fails when they drift from it).
@@ -145,3 +197,6 @@ bench-throughput-quick:
 
 clean:
 	rm -rf $(BIN)
+
+print-k8s:
+	@echo "K8S=$(K8S) release=$(K8S_RELEASE) GOFLAGS=$(GOFLAGS) GOTOOLCHAIN=$(GOTOOLCHAIN) kubelet=$(DYNAMIG_KUBELET)"

@@ -21,8 +21,21 @@ if [ ${#builder[@]} -eq 0 ]; then
 	echo "make images: the Dockerfiles are images/*/Dockerfile, built from the repository root." >&2
 	exit 1
 fi
+# The Kubernetes matrix (k8s/versions.txt): one scheduler image per supported minor, tagged
+# <version>-k8s<minor>; the device plugin and webhook once, on the newest supported minor.
+modfile() { if [ "$1" = "$base" ]; then echo go.mod; else echo "k8s/$1/go.mod"; fi; }
+minors=$(awk '!/^#/ && NF && $3 == "supported" {print $1}' k8s/versions.txt)
+base=$(echo "$minors" | head -1)
+newest=$(echo "$minors" | tail -1)
+build() { # dockerfile tag modfile
+	echo "make images: ${builder[*]} $2 ($3)"
+	"${builder[@]}" -f "$1" --build-arg MODFILE="$3" --build-arg VERSION="$VERSION" --build-arg COMMIT="$COMMIT" -t "$2" .
+}
 for dockerfile in images/*/Dockerfile; do
 	name=$(basename "$(dirname "$dockerfile")")
-	echo "make images: ${builder[*]} $REGISTRY/$name:$VERSION"
-	"${builder[@]}" -f "$dockerfile" --build-arg VERSION="$VERSION" --build-arg COMMIT="$COMMIT" -t "$REGISTRY/$name:$VERSION" .
+	if [ "$name" = dynamig-scheduler ]; then
+		for m in $minors; do build "$dockerfile" "$REGISTRY/$name:$VERSION-k8s$m" "$(modfile "$m")"; done
+	else
+		build "$dockerfile" "$REGISTRY/$name:$VERSION" "$(modfile "$newest")"
+	fi
 done

@@ -23,6 +23,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/dynamig/dynamig/k8s"
 )
 
 // The release install.yaml is rendered as.
@@ -94,16 +96,41 @@ func Generated() (map[string][]byte, error) {
 	}, nil
 }
 
-// Render renders the chart for a release named ReleaseName in namespace with values over the
-// chart's defaults, as `helm template` does: the objects in Helm's install order (namespaces,
-// RBAC and configuration before the workloads), each document headed by the template it
-// came from.
+// Render renders the chart for a cluster of the newest supported Kubernetes minor (KubeVersion);
+// see RenderFor.
 func Render(namespace string, values map[string]any) ([]byte, error) {
+	return RenderFor(KubeVersion(), namespace, values)
+}
+
+// KubeVersion is the newest supported Kubernetes minor of k8s/versions.txt, as "v1.37.0": the
+// cluster install.yaml is rendered for.
+func KubeVersion() string {
+	ms, err := k8s.Matrix()
+	if err != nil {
+		panic(err) // versions.txt is embedded and tested
+	}
+	return "v" + k8s.Newest(ms).Minor + ".0"
+}
+
+// RenderFor renders the chart for a release named ReleaseName in namespace with values over
+// the chart's defaults, for a cluster at kubeVersion, as `helm template --kube-version` does:
+// refused, as Helm refuses it, outside the chart's kubeVersion; the objects in Helm's install
+// order (namespaces, RBAC and configuration before the workloads), each document headed by the
+// template it came from.
+func RenderFor(kubeVersion, namespace string, values map[string]any) ([]byte, error) {
 	chrt, err := Chart()
 	if err != nil {
 		return nil, err
 	}
+	kv, err := chartutil.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		return nil, err
+	}
+	if c := chrt.Metadata.KubeVersion; c != "" && !chartutil.IsCompatibleRange(c, kv.String()) {
+		return nil, fmt.Errorf("chart requires kubeVersion: %s which is incompatible with Kubernetes %s", c, kv.String())
+	}
 	caps := chartutil.DefaultCapabilities.Copy()
+	caps.KubeVersion = *kv
 	vals, err := chartutil.ToRenderValues(chrt, values, chartutil.ReleaseOptions{
 		Name: ReleaseName, Namespace: namespace, Revision: 1, IsInstall: true,
 	}, caps)

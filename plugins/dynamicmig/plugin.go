@@ -60,6 +60,11 @@ type DynamicMIG struct {
 	signingKey   ed25519.PrivateKey
 	// leaseTimes are the device plugins' heartbeat Lease expiries per node.
 	leaseTimes *leaseTimes
+	// leasesRead tells when leaseTimes holds every Lease of the informer's first list: its
+	// handler may run after the informer itself reports synced (seen with client-go 0.36), and
+	// until then a node's heartbeat looks expired (the pods refused for it are activated as
+	// the Leases arrive; tests wait for it).
+	leasesRead func() bool
 	inventory  *inventoryCache
 	// fits remembers each node's last fit (same request, same NodeInfo generation).
 	fits *fitCache
@@ -118,9 +123,11 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 	informer := h.SharedInformerFactory().InformerFor(&coordinationv1.Lease{}, func(c clientset.Interface, resync time.Duration) cache.SharedIndexInformer {
 		return coordinationinformers.NewLeaseInformer(c, args.LeaseNamespace, resync, cache.Indexers{})
 	})
-	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: pl.onLeaseAdd, UpdateFunc: pl.onLeaseUpdate, DeleteFunc: pl.onLeaseDelete}); err != nil {
+	leaseEvents, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: pl.onLeaseAdd, UpdateFunc: pl.onLeaseUpdate, DeleteFunc: pl.onLeaseDelete})
+	if err != nil {
 		return nil, fmt.Errorf("%s: watching Leases: %w", Name, err)
 	}
+	pl.leasesRead = leaseEvents.HasSynced
 	factory := h.SharedInformerFactory()
 	pl.podLister = factory.Core().V1().Pods().Lister()
 	collector.setSource(pl, factory.Core().V1().Nodes().Lister(), pl.podLister)

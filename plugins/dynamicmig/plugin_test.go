@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
@@ -58,17 +59,20 @@ type env struct {
 	activator *recordingActivator
 }
 
-// swappableSnapshot lets each test cycle see the cluster as it is now.
+// swappableSnapshot lets each test cycle see the cluster as it is now. The snapshot is embedded
+// so that the listers kube-scheduler adds in later minors (1.36's pod groups) come with it on
+// every minor of the matrix; these tests call only NodeInfos and StorageInfos, which set may
+// race with.
 type swappableSnapshot struct {
 	mu sync.Mutex
-	s  *cache.Snapshot
+	*cache.Snapshot
 }
 
-func (s *swappableSnapshot) set(snap *cache.Snapshot) { s.mu.Lock(); s.s = snap; s.mu.Unlock() }
+func (s *swappableSnapshot) set(snap *cache.Snapshot) { s.mu.Lock(); s.Snapshot = snap; s.mu.Unlock() }
 func (s *swappableSnapshot) get() *cache.Snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.s
+	return s.Snapshot
 }
 func (s *swappableSnapshot) NodeInfos() fwk.NodeInfoLister       { return s.get().NodeInfos() }
 func (s *swappableSnapshot) StorageInfos() fwk.StorageInfoLister { return s.get().StorageInfos() }
@@ -86,7 +90,7 @@ func newEnv(t testing.TB, args *config.DynamicMIGArgs, nodes []*v1.Node, objs ..
 		objs = append(objs, n, heartbeat(n.Name, time.Now()))
 	}
 	e := &env{t: t, ctx: ctx, client: fake.NewClientset(objs...), args: args, events: events.NewFakeRecorder(1000),
-		snapshot: &swappableSnapshot{s: cache.NewEmptySnapshot()}, nodes: nodes, activator: &recordingActivator{}}
+		snapshot: &swappableSnapshot{Snapshot: cache.NewEmptySnapshot()}, nodes: nodes, activator: &recordingActivator{}}
 	e.client.PrependReactor("create", "pods", e.bindReactor)
 	factory := informers.NewSharedInformerFactory(e.client, 0)
 	var pl *DynamicMIG
@@ -114,6 +118,9 @@ func newEnv(t testing.TB, args *config.DynamicMIGArgs, nodes []*v1.Node, objs ..
 	e.fw, e.pl = fw, pl
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
+	if !toolscache.WaitForCacheSync(ctx.Done(), pl.leasesRead) {
+		t.Fatal("the heartbeat Leases were not read")
+	}
 	return e
 }
 

@@ -91,8 +91,13 @@ func (t *processTB) Log(args ...any)                   { fmt.Fprintln(t.log, arg
 func (t *processTB) Logf(format string, args ...any) {
 	fmt.Fprintf(t.log, strings.TrimSuffix(format, "\n")+"\n", args...)
 }
-func (t *processTB) Name() string                     { return "dynamig-cluster" }
-func (t *processTB) Setenv(key, value string)         { _ = os.Setenv(key, value) }
+func (t *processTB) Name() string             { return "dynamig-cluster" }
+func (t *processTB) Setenv(key, value string) { _ = os.Setenv(key, value) }
+
+// Attr and Chdir are in ktesting.TB from 1.36 on.
+func (t *processTB) Attr(key, value string) { t.Logf("%s=%s", key, value) }
+func (t *processTB) Chdir(string)           { t.Fatal("Chdir: a control plane keeps its process's directory") }
+
 func (t *processTB) Skip(args ...any)                 { t.Fatal(append([]any{"skip: "}, args...)...) }
 func (t *processTB) SkipNow()                         { t.Fatal("skip") }
 func (t *processTB) Skipf(format string, args ...any) { t.Fatalf("skip: "+format, args...) }

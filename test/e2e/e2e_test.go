@@ -21,6 +21,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -974,4 +975,34 @@ func TestManyPodsAcrossNodes(t *testing.T) {
 			return err == nil && len(hw) == 0, fmt.Sprintf("%d left", len(hw))
 		})
 	}
+}
+
+// TestPreemption: a higher-priority MIG pod that fits only where a lower-priority one runs
+// preempts it through kube-scheduler's DefaultPreemption (DynamicMIG's Filter judging the node
+// without the victim), and is realised on the freed placement once the victim's instance is
+// reclaimed. Part of every minor's suite (`make test`).
+func TestPreemption(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB"))
+	for name, value := range map[string]int32{"low": 100, "high": 1000} {
+		pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value}
+		if _, err := w.C.SchedulingV1().PriorityClasses().Create(w.Ctx, pc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	low, high := pod("low", "mig", 1, 39000), pod("high", "mig", 1, 19000)
+	low.Spec.PriorityClassName, high.Spec.PriorityClassName = "low", "high"
+	w.Create(low)
+	held := w.running("low")["low"][0]
+	w.Create(high)
+	w.WaitFor("low preempted", 60*time.Second, func() (bool, string) {
+		_, err := w.C.CoreV1().Pods("default").Get(w.Ctx, "low", metav1.GetOptions{})
+		return err != nil, "low still exists"
+	})
+	got := w.running("high")["high"][0]
+	if got.GPUUUID != held.GPUUUID || !got.Placement.Overlaps(held.Placement) {
+		t.Errorf("high at %s on %s, want on low's freed %s on %s", got.Placement, got.GPUUUID, held.Placement, held.GPUUUID)
+	}
+	w.gone("n", "low")
+	w.sameHardware("n", map[string][]api.MigReservation{"high": {got}})
+	w.seesOwnDevices("high", "main", []api.MigReservation{got})
 }

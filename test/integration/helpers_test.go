@@ -124,19 +124,7 @@ func (e *env) startScheduler() (stop func()) {
 // fresh heartbeat Lease, renewed until the test ends.
 func (e *env) addNode(name string, models ...string) {
 	e.t.Helper()
-	node := gpuNode(e.t, name, api.ModeMIG, models...)
-	status := node.Status
-	created, err := e.admin.CoreV1().Nodes().Create(e.ctx, node, metav1.CreateOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.mu.Lock()
-	e.nodes = append(e.nodes, name)
-	e.mu.Unlock()
-	created.Status = status
-	if _, err := e.admin.CoreV1().Nodes().UpdateStatus(e.ctx, created, metav1.UpdateOptions{}); err != nil {
-		e.t.Fatal(err)
-	}
+	e.createNode(gpuNode(e.t, name, api.ModeMIG, models...))
 	now := metav1.NewMicroTime(time.Now())
 	lease := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: api.HeartbeatLeaseName(name), Namespace: api.DefaultSystemNamespace},
@@ -144,6 +132,24 @@ func (e *env) addNode(name string, models ...string) {
 			AcquireTime: &now, RenewTime: &now},
 	}
 	if _, err := e.dp.CoordinationV1().Leases(api.DefaultSystemNamespace).Create(e.ctx, lease, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// createNode creates node with its status (UpdateStatus, as kubelet does), removed when the
+// test ends.
+func (e *env) createNode(node *v1.Node) {
+	e.t.Helper()
+	status := node.Status
+	created, err := e.admin.CoreV1().Nodes().Create(e.ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.mu.Lock()
+	e.nodes = append(e.nodes, node.Name)
+	e.mu.Unlock()
+	created.Status = status
+	if _, err := e.admin.CoreV1().Nodes().UpdateStatus(e.ctx, created, metav1.UpdateOptions{}); err != nil {
 		e.t.Fatal(err)
 	}
 }

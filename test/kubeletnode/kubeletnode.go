@@ -27,15 +27,17 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/dynamig/dynamig/version"
 )
 
 // KubeletEnv names the kubelet binary tests use; `make test` builds it into bin/kubelet
 // and sets it. Without it, Binary builds one.
 const KubeletEnv = "DYNAMIG_KUBELET"
 
-// Version is the Kubernetes version of the pinned kubelet, stamped into the binary so the
-// Node reports it.
-const Version = "v1.35.4"
+// Version is the Kubernetes release this code is built with (the module file's, so one per
+// minor of the matrix): the kubelet Binary builds, stamped into it so the Node reports it.
+var Version = version.Get().Kubernetes
 
 var (
 	buildOnce sync.Once

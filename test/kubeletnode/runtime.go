@@ -90,7 +90,7 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	}
 	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
 	for _, kv := range cfg.GetEnvs() {
-		spec.Process.Env = append(spec.Process.Env, kv.GetKey()+"="+kv.GetValue())
+		spec.Process.Env = append(spec.Process.Env, kv.GetKey()+"="+string(kv.GetValue())) // bytes from cri-api 0.36
 	}
 	if len(names) > 0 {
 		// The spec directory is read at each create: the device plugin writes specs just

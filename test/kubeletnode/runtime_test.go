@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -37,7 +38,7 @@ func TestRuntimeResolvesCDI(t *testing.T) {
 	}
 	create := func(name string, devices ...string) error {
 		cfg := &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: name}, Image: &runtimeapi.ImageSpec{Image: "busybox"}, LogPath: name + "/0.log",
-			Envs: []*runtimeapi.KeyValue{{Key: "A", Value: "1"}}}
+			Envs: []*runtimeapi.KeyValue{envVar("A", "1")}}
 		for _, d := range devices {
 			cfg.CDIDevices = append(cfg.CDIDevices, &runtimeapi.CDIDevice{Name: d})
 		}
@@ -79,4 +80,13 @@ func TestCheckIsolationSaysWhatIsMissing(t *testing.T) {
 	if err := CheckIsolation(); err == nil || !strings.Contains(err.Error(), "unshare (util-linux), which is not installed") {
 		t.Errorf("got %v", err)
 	}
+}
+
+// envVar is a CRI environment variable; its Value is a string before cri-api 0.36 and bytes
+// from it, and this test builds on every minor of the matrix.
+func envVar(k, v string) *runtimeapi.KeyValue {
+	kv := &runtimeapi.KeyValue{Key: k}
+	f := reflect.ValueOf(kv).Elem().FieldByName("Value")
+	f.Set(reflect.ValueOf(v).Convert(f.Type()))
+	return kv
 }

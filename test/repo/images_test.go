@@ -3,25 +3,17 @@ package repo
 import (
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 )
 
 // TestDockerfiles checks each images/<binary>/Dockerfile against the repository, since no
-// image builder runs in the tests: it builds ./cmd/<binary> (which exists) with the Go of
-// go.mod, stamps the version package, copies the binary where its ENTRYPOINT runs it, and
+// image builder runs in the tests: it builds ./cmd/<binary> (which exists) with the module file
+// `make images` passes and a Go that builds every supported minor, stamps the version package, copies the binary where its ENTRYPOINT runs it, and
 // runs as non-root on a static base unless it is the device plugin (cgo for NVML, root for
 // the kubelet's sockets).
 func TestDockerfiles(t *testing.T) {
-	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	goVersion := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(gomod)
-	if goVersion == nil {
-		t.Fatal("go.mod has no go directive")
-	}
+	goVersion := newestGoLine(t)
 	files, _ := filepath.Glob(filepath.Join(root, "images", "*", "Dockerfile"))
 	cmds, _ := filepath.Glob(filepath.Join(root, "cmd", "dynamig-*"))
 	var want []string
@@ -47,7 +39,8 @@ func TestDockerfiles(t *testing.T) {
 		}
 		_, err = os.Stat(filepath.Join(root, "cmd", name, "main.go"))
 		check(err == nil, "no cmd/"+name)
-		check(strings.Contains(df, "golang:"+string(goVersion[1])+"-"), "the build stage's Go is not go.mod's go "+string(goVersion[1]))
+		check(strings.Contains(df, "golang:"+goVersion+"-"), "the build stage's Go is not "+goVersion+", the newest go line of the supported minors' module files")
+		check(strings.Contains(df, "ARG MODFILE=go.mod") && strings.Contains(df, "COPY k8s/ k8s/") && strings.Contains(df, "go build -modfile=${MODFILE}"), "does not build with the module file of the minor make images passes")
 		check(strings.Contains(df, "-o /out/"+name+" ./cmd/"+name), "does not build ./cmd/"+name+" into /out/"+name)
 		check(strings.Contains(df, "-X github.com/dynamig/dynamig/version.version=${VERSION}") &&
 			strings.Contains(df, "-X github.com/dynamig/dynamig/version.commit=${COMMIT}"), "does not stamp the version package")

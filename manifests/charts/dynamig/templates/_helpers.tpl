@@ -11,10 +11,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 
-{{/* An image reference: (dict "image" .Values.images.X "root" $). */}}
+{{/* An image reference: (dict "image" .Values.images.X "root" $ ["perMinor" true]). perMinor:
+the image is built once per Kubernetes minor (the scheduler), and the tag ends in the cluster's:
+0.1.0-k8s1.37. Chart.yaml's kubeVersion refuses a cluster of a minor dynamig is not built for. */}}
 {{- define "dynamig.image" -}}
 {{- $registry := .root.Values.global.imageRegistry -}}
 {{- $tag := .image.tag | default .root.Chart.AppVersion -}}
+{{- if .perMinor -}}
+{{- $kube := .root.Capabilities.KubeVersion -}}
+{{- $tag = printf "%s-k8s%s.%s" $tag $kube.Major (regexFind "^[0-9]+" $kube.Minor) -}}
+{{- end -}}
 {{- if $registry -}}
 {{ printf "%s/%s:%s" $registry .image.repository $tag }}
 {{- else -}}
