@@ -15,7 +15,8 @@ k8s_column = $(shell awk '!/^\#/ && NF && $$3 ~ /$(2)/ {print $$$(1)}' k8s/versi
 K8S_SUPPORTED := $(call k8s_column,1,supported)
 K8S_PREVIEW := $(call k8s_column,1,preview)
 K8S_BASE := $(firstword $(K8S_SUPPORTED))
-K8S ?= $(lastword $(K8S_SUPPORTED))
+K8S_NEWEST := $(lastword $(K8S_SUPPORTED))
+K8S ?= $(K8S_NEWEST)
 ifeq ($(filter $(K8S),$(K8S_SUPPORTED) $(K8S_PREVIEW)),)
 $(error K8S=$(K8S) is not in k8s/versions.txt: supported $(K8S_SUPPORTED), preview $(K8S_PREVIEW))
 endif
@@ -54,7 +55,7 @@ FUZZ_TARGETS := \
 	./nvml/sim:FuzzParseGPUList \
 	./webhook:FuzzHandle
 
-.PHONY: all build test test-minors test-minor test-preview modfiles print-k8s unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-burst kubectl
+.PHONY: all build kubelet test test-minors test-minor test-kubelet test-preview modfiles print-k8s unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-burst kubectl
 
 all: build
 
@@ -74,6 +75,7 @@ test: lint unit race fuzz test-minors
 # stamp is test/kubeletnode.LDFlags'.
 KUBELET := $(BIN)/kubelet-$(K8S)
 export DYNAMIG_KUBELET := $(abspath $(KUBELET))
+kubelet: $(KUBELET)
 $(KUBELET): $(MODFILE) $(MODFILE:.mod=.sum)
 	$(GO) build -ldflags "-X k8s.io/component-base/version.gitVersion=$(K8S_RELEASE) -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(K8S)))" -o $@ k8s.io/kubernetes/cmd/kubelet
 
@@ -96,14 +98,21 @@ test-minors:
 	printf "Kubernetes minors besides $(K8S) (its whole suite ran above):\n$$results"; [ -z "$$failed" ]
 
 # One minor's suite: the DynamicMIG plugin's framework-level tests, the scheduler app's, the
-# integration suite, the device plugin on this minor's real kubelet, and the end-to-end subset
-# (the seed example through the webhook, a kubelet and a device-plugin restart with pods running,
-# preemption, and what the minor adds) on its real kube-apiserver, dynamig-scheduler and kubelet.
-MINOR_PKGS := ./plugins/dynamicmig/... ./cmd/dynamig-scheduler/... ./test/integration/... ./test/kubeletnode/...
-MINOR_E2E := ^(TestSeedExample|TestNodeRestarts|TestPreemption|TestDRA.*)$$/^(install.yaml|device_plugin|kubelet)$$
+# integration suite (a DRA node beside a dynamig node included) and the end-to-end subset (the
+# seed example through the webhook, a kubelet and a device-plugin restart with pods running,
+# preemption) on its real kube-apiserver, dynamig-scheduler and kubelet, every component built
+# on this minor; then the device plugin as shipped (built on the newest minor) on this minor's
+# real kubelet (test-kubelet).
+MINOR_PKGS := ./plugins/dynamicmig/... ./cmd/dynamig-scheduler/... ./test/integration/...
+MINOR_E2E := ^(TestSeedExample|TestNodeRestarts|TestPreemption)$$/^(install.yaml|device_plugin|kubelet)$$
 test-minor: $(KUBELET)
 	$(GO) test -count=1 -timeout 30m $(MINOR_PKGS)
 	$(GO) test -count=1 -timeout 30m -run '$(MINOR_E2E)' ./test/e2e/
+	$(MAKE) --no-print-directory K8S=$(K8S_NEWEST) DYNAMIG_KUBELET=$(abspath $(KUBELET)) test-kubelet
+
+# The device plugin on the kubelet DYNAMIG_KUBELET names (test/kubeletnode).
+test-kubelet:
+	$(GO) test -count=1 -timeout 30m ./test/kubeletnode/...
 
 # A preview (pre-release) minor: the plugin's framework-level tests.
 test-preview:

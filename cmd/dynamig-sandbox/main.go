@@ -4,7 +4,7 @@
 // resolves CDI devices) with the real dynamig-device-plugin on simulated NVML. No Docker, no
 // containers, no GPU; nothing on the host changes.
 //
-//	dynamig-sandbox [--config sandbox.yaml] [--kubeconfig-out PATH] [--state-out PATH] [--install manifests/install.yaml] [--kubelet bin/kubelet] [-v[=N]]
+//	dynamig-sandbox [--config sandbox.yaml] [--kubeconfig-out PATH] [--state-out PATH] [--install manifests/install.yaml] [--kubelet bin/kubelet-1.37] [-v[=N]]
 //	dynamig-sandbox demo [--examples examples/] [--install ...] [--kubelet ...] [--timeout 2m] [-v[=N]]
 //
 // The first form runs until SIGINT or SIGTERM and prints `ready` on stdout once every node

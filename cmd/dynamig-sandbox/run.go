@@ -192,7 +192,7 @@ func prettyJSON(raw string) string {
 // commonFlags are the flags of both the sandbox and its demo.
 func commonFlags(fs *flag.FlagSet) (install, kubelet *string, verbosity *verbosityFlag) {
 	install = fs.String("install", sandbox.DefaultInstall, "the install manifest (rendered from the Helm chart): its RBAC, admission policies, webhook and scheduler configuration are applied, and the components run as its service accounts")
-	kubelet = fs.String("kubelet", os.Getenv(kubeletnode.KubeletEnv), "the kubelet binary the nodes run (make builds bin/kubelet; default $"+kubeletnode.KubeletEnv+", else built from this module, about a minute)")
+	kubelet = fs.String("kubelet", os.Getenv(kubeletnode.KubeletEnv), "the kubelet binary the nodes run (make builds bin/kubelet-<minor>; default $"+kubeletnode.KubeletEnv+", else built from this module, about a minute)")
 	verbosity = &verbosityFlag{}
 	fs.Var(verbosity, "v", "log to stderr (-v), at klog verbosity N (-v=N); default: quiet")
 	return install, kubelet, verbosity

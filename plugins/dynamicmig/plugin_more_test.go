@@ -565,3 +565,36 @@ func TestMaxNodeScore(t *testing.T) {
 		t.Errorf("placement.MaxNodeScore %d, kube-scheduler's %d", placement.MaxNodeScore, fwk.MaxNodeScore)
 	}
 }
+
+// TestSignPodConcurrently: from 1.36 kube-scheduler signs a pod once when it is queued, on the
+// queue's goroutines, while cycles run (`make race` runs this on the newest minor): SignPod
+// reads only the pod and the args, and says the same for every call.
+func TestSignPodConcurrently(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
+	e.snapshot.set(cache.NewSnapshot(nil, e.nodes))
+	gpu := gpuPod("g", api.ModeMIG, [2]int{1, 8000})
+	cpu := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cpu", Namespace: "default", UID: "cpu-uid"},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Image: "busybox"}}}}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				if _, st := e.pl.SignPod(e.ctx, gpu); st.Code() != fwk.Unschedulable {
+					t.Errorf("goroutine %d: GPU pod signed: %v", i, st)
+					return
+				}
+				if frags, st := e.pl.SignPod(e.ctx, cpu); !st.IsSuccess() || frags != nil {
+					t.Errorf("goroutine %d: CPU pod: %v %v", i, frags, st)
+					return
+				}
+			}
+		}()
+	}
+	// A cycle for the GPU pod runs meanwhile.
+	if _, node, statuses := e.cycle(gpu); node != "n" {
+		t.Errorf("GPU pod: %s", reasons(statuses))
+	}
+	wg.Wait()
+}

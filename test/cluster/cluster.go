@@ -193,6 +193,9 @@ func start(ctx context.Context, tb ktesting.TB, ptb *processTB, opts Options) (_
 		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
 		"--tls-cert-file=" + certFile,
 		"--tls-private-key-file=" + keyFile,
+		// Where the test server looks for the serving certificate as a CA: from 1.36 its peer
+		// proxy (UnknownVersionInteroperabilityProxy, beta) reads <cert-dir>/apiserver.crt.
+		"--cert-dir=" + dir,
 		"--authorization-mode=RBAC",
 		// As kubeadm's and most clusters' API servers: the device plugin's DaemonSet is
 		// privileged (MIG instance creation needs it).

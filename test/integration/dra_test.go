@@ -50,8 +50,11 @@ func TestDRANodeBesideDynamigNode(t *testing.T) {
 	e.addNode(migNode, a100)
 	e.startScheduler()
 
-	// dynamig's pods: on the dynamig node, or Pending, never on DRA devices.
-	e.create(e.gpuPod("fits", api.ModeMIG, [2]int{1, 8000}), e.gpuPod("too-big", api.ModeMIG, [2]int{2, 8000}))
+	// dynamig's pods: on the dynamig node, or Pending, never on DRA devices. They ask only
+	// nvidia.com/gpu (whole GPUs): where a DeviceClass maps it, kube-scheduler's
+	// DynamicResources refuses a pod that also asks nvidia.com/gpumem or gpucores on every node
+	// (no node advertises them; docs/troubleshooting.md).
+	e.create(e.gpuPod("fits", api.ModeMIG, [2]int{1, 0}), e.gpuPod("too-big", api.ModeMIG, [2]int{2, 0}))
 	e.waitRealised(60*time.Second, "fits")
 	if got := e.pod("fits").Spec.NodeName; got != migNode {
 		t.Errorf("fits bound to %s, want the dynamig node %s", got, migNode)

@@ -179,7 +179,7 @@ func (e *env) renewHeartbeats(ctx context.Context, stopped chan<- struct{}) {
 				_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
 				return err
 			})
-			if err != nil && ctx.Err() == nil {
+			if err != nil && ctx.Err() == nil && !apierrors.IsNotFound(err) { // a node without dynamig
 				e.t.Logf("renewing the heartbeat of %s: %v", n, err)
 			}
 		}

@@ -31,7 +31,7 @@ import (
 	"github.com/dynamig/dynamig/version"
 )
 
-// KubeletEnv names the kubelet binary tests use; `make test` builds it into bin/kubelet
+// KubeletEnv names the kubelet binary tests use; `make test` builds it into bin/kubelet-<minor>
 // and sets it. Without it, Binary builds one.
 const KubeletEnv = "DYNAMIG_KUBELET"
 
