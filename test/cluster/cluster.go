@@ -193,9 +193,10 @@ func start(ctx context.Context, tb ktesting.TB, ptb *processTB, opts Options) (_
 		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
 		"--tls-cert-file=" + certFile,
 		"--tls-private-key-file=" + keyFile,
-		// Where the test server looks for the serving certificate as a CA: from 1.36 its peer
-		// proxy (UnknownVersionInteroperabilityProxy, beta) reads <cert-dir>/apiserver.crt.
-		"--cert-dir=" + dir,
+		// One API server has no peers to proxy to. From 1.36 the peer proxy is on (beta); the
+		// test server then reads the serving certificate as the peers' CA from its own temp
+		// folder (where ours is not) and the proxy keeps a certificate-reloading transport.
+		"--feature-gates=UnknownVersionInteroperabilityProxy=false",
 		"--authorization-mode=RBAC",
 		// As kubeadm's and most clusters' API servers: the device plugin's DaemonSet is
 		// privileged (MIG instance creation needs it).
