@@ -9,10 +9,12 @@ import (
 	"encoding/json"
 	"fmt"
 	goversion "go/version"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 
 	"golang.org/x/mod/modfile"
@@ -92,13 +94,14 @@ func write(base []byte, m k8s.Minor) error {
 		}
 	}
 	for _, r := range f.Replace {
-		if strings.HasPrefix(r.Old.Path, "k8s.io/") {
+		if strings.HasPrefix(r.Old.Path, "k8s.io/") && !staging[r.Old.Path] {
 			if err := f.DropReplace(r.Old.Path, r.Old.Version); err != nil {
 				return err
 			}
 		}
 	}
-	for p := range staging {
+	// In place where go.mod has the line, appended in order where it has none.
+	for _, p := range slices.Sorted(maps.Keys(staging)) {
 		if err := f.AddReplace(p, "", p, m.Staging()); err != nil {
 			return err
 		}
