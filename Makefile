@@ -101,14 +101,21 @@ test-minors:
 # integration suite (a DRA node beside a dynamig node included) and the end-to-end subset (the
 # seed example through the webhook, a kubelet and a device-plugin restart with pods running,
 # preemption) on its real kube-apiserver, dynamig-scheduler and kubelet, every component built
-# on this minor; then the device plugin as shipped (built on the newest minor) on this minor's
-# real kubelet (test-kubelet).
+# on this minor but kubectl dynamig, a client shipped once, built on the newest minor; then the
+# device plugin as shipped (built on the newest minor) on this minor's real kubelet
+# (test-kubelet).
 MINOR_PKGS := ./plugins/dynamicmig/... ./cmd/dynamig-scheduler/... ./test/integration/...
 MINOR_E2E := ^(TestSeedExample|TestNodeRestarts|TestPreemption)$$/^(install.yaml|device_plugin|kubelet)$$
 test-minor: $(KUBELET)
 	$(GO) test -count=1 -timeout 30m $(MINOR_PKGS)
-	$(GO) test -count=1 -timeout 30m -run '$(MINOR_E2E)' ./test/e2e/
+	$(MAKE) --no-print-directory K8S=$(K8S_NEWEST) $(BIN)/kubectl-dynamig
+	DYNAMIG_KUBECTL_DYNAMIG=$(abspath $(BIN)/kubectl-dynamig) $(GO) test -count=1 -timeout 30m -run '$(MINOR_E2E)' ./test/e2e/
 	$(MAKE) --no-print-directory K8S=$(K8S_NEWEST) DYNAMIG_KUBELET=$(abspath $(KUBELET)) test-kubelet
+
+# kubectl dynamig alone (make build builds it with the rest).
+.PHONY: $(BIN)/kubectl-dynamig
+$(BIN)/kubectl-dynamig:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $@ ./cmd/kubectl-dynamig
 
 # The device plugin on the kubelet DYNAMIG_KUBELET names (test/kubeletnode).
 test-kubelet:
