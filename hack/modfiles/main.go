@@ -1,7 +1,8 @@
 // Command modfiles writes the module file of every Kubernetes minor of k8s/versions.txt but the
 // base (go.mod builds that one): k8s/<minor>/go.mod and go.sum, go.mod with k8s.io/kubernetes and
 // each of that release's staging modules pinned to it, the modules the matrix names raised, then
-// `go mod tidy`. Run from the repository root (`make modfiles`); a test fails when the files drift.
+// `go mod tidy`. Run from the repository root (`make modfiles`); test/repo's TestKubernetesMatrix
+// fails when a module file's Kubernetes pins disagree with versions.txt.
 package main
 
 import (
@@ -147,19 +148,19 @@ func write(base []byte, m k8s.Minor) error {
 	if m.Status == k8s.Preview {
 		args = append(args, "-e")
 	}
-	return goCmd(nil, Toolchain(f.Go.Version), args...)
+	return goCmd(nil, toolchain(f.Go.Version), args...)
 }
 
-// Toolchain is the GOTOOLCHAIN that builds a module file whose go line is goLine: this Go, or
-// that release where it is newer.
-func Toolchain(goLine string) string {
+// toolchain is the GOTOOLCHAIN that builds a module file whose go line is goLine: this Go, or
+// that release where it is newer (the Makefile decides the same for GOTOOLCHAIN).
+func toolchain(goLine string) string {
 	if goversion.Compare("go"+goLine, goversion.Lang(runtime.Version())) > 0 && goversion.Compare("go"+goLine, runtime.Version()) > 0 {
 		return "go" + goLine
 	}
 	return "local"
 }
 
-// kubernetesModule says which modules k8s.io/kubernetes at release builds from its staging tree.
+// kubernetesModule says which modules k8s.io/kubernetes at release builds from its staging tree,
 // and the Go version it needs.
 func kubernetesModule(release string) (staging map[string]bool, goVersion string, err error) {
 	var out bytes.Buffer

@@ -9,9 +9,9 @@ import (
 
 // TestDockerfiles checks each images/<binary>/Dockerfile against the repository, since no
 // image builder runs in the tests: it builds ./cmd/<binary> (which exists) with the module file
-// `make images` passes and a Go that builds every supported minor, stamps the version package, copies the binary where its ENTRYPOINT runs it, and
-// runs as non-root on a static base unless it is the device plugin (cgo for NVML, root for
-// the kubelet's sockets).
+// `make images` passes and a Go that builds every supported minor, stamps the version package,
+// copies the binary where its ENTRYPOINT runs it, and runs as non-root on a static base unless
+// it is the device plugin (cgo for NVML, root for the kubelet's sockets).
 func TestDockerfiles(t *testing.T) {
 	goVersion := newestGoLine(t)
 	files, _ := filepath.Glob(filepath.Join(root, "images", "*", "Dockerfile"))
