@@ -318,6 +318,13 @@ func TestHeartbeat(t *testing.T) {
 	if p, statuses := e.schedule(pod); p != nil || !strings.Contains(reasons(statuses), reasonHeartbeat) {
 		t.Fatalf("a node without heartbeat must refuse: %s", reasons(statuses))
 	}
+	// Preemption's dry runs filter on clones of the cycle state: they judge the heartbeat at
+	// the cycle's start too, never at the zero time (where every heartbeat ever seen is fresh).
+	state, _, _ := e.cycle(e.pod("p"))
+	infos, _ := e.snapshot.NodeInfos().List()
+	if st := e.pl.Filter(e.ctx, state.Clone(), e.pod("p"), infos[0]); st.IsSuccess() || !strings.Contains(st.Message(), reasonHeartbeat) {
+		t.Fatalf("a clone of the cycle state must refuse the node without heartbeat: %v", st)
+	}
 	activated := e.activator.waitFor(t, "default/p", func() {
 		if _, err := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Update(e.ctx, heartbeat("n", time.Now()), metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)

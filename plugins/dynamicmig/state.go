@@ -44,7 +44,7 @@ type nodeFit struct {
 func (s *stateData) Clone() fwk.StateData {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := &stateData{req: s.req, key: s.key, attempt: s.attempt, fits: make(map[string]*nodeFit, len(s.fits))}
+	c := &stateData{req: s.req, key: s.key, attempt: s.attempt, now: s.now, fits: make(map[string]*nodeFit, len(s.fits))}
 	for k, v := range s.fits {
 		c.fits[k] = v
 	}
