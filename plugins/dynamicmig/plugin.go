@@ -137,7 +137,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 	}); err != nil {
 		return nil, fmt.Errorf("%s: watching nodes: %w", Name, err)
 	}
-	// Drop in-flight reservations and scheduling attempts of deleted pods. Bound pods'
+	// Drop in-flight reservations, scheduling attempts and heartbeat waits of deleted pods. Bound pods'
 	// reservations are dropped when a NodeInfo shows the pod with its annotation
 	// (addOccupancy): dropping them on the informer's update could race the scheduler cache,
 	// which may still hold the assumed pod.
@@ -149,6 +149,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 			if p, ok := obj.(*v1.Pod); ok {
 				pl.reservations.remove(p.UID)
 				pl.pending.remove(p.UID)
+				pl.heartbeatWaiters.Delete(p.UID)
 			}
 		},
 	}); err != nil {

@@ -338,6 +338,28 @@ func TestHeartbeat(t *testing.T) {
 	}
 }
 
+// TestHeartbeatWaitersForgetDeletedPods: pods refused for a node's expired heartbeat wait
+// for it to come back; one deleted meanwhile is forgotten, so a node hung for days does not
+// collect every pod that ever asked for it.
+func TestHeartbeatWaitersForgetDeletedPods(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
+	if _, err := e.client.CoordinationV1().Leases(api.DefaultSystemNamespace).Update(e.ctx, heartbeat("n", time.Now().Add(-time.Hour)), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return !e.pl.leaseTimes.heartbeatFresh("n", time.Now()) })
+	pod := gpuPod("p", api.ModeMIG, [2]int{1, 4000})
+	if p, _ := e.schedule(pod); p != nil {
+		t.Fatal("a node without heartbeat must refuse")
+	}
+	if _, waiting := e.pl.heartbeatWaiters.Load(pod.UID); !waiting {
+		t.Fatal("the refused pod waits for the heartbeat")
+	}
+	if err := e.client.CoreV1().Pods(pod.Namespace).Delete(e.ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { _, waiting := e.pl.heartbeatWaiters.Load(pod.UID); return !waiting })
+}
+
 func TestSignPodAndSkips(t *testing.T) {
 	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
 	cpu := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cpu", Namespace: "default", UID: "cpu-uid"},
