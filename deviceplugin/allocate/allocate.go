@@ -219,12 +219,16 @@ func (a *Allocator) preStart(ctx context.Context, deviceIDs []string) (*containe
 	return c, nil
 }
 
-// pod reads the owner's pod: from the informer when it shows the pod bound here and not
-// going away, else from the API server (the informer may lag behind the Binding, or still
-// show a deleted pod whose name a new pod took).
+// pod reads the owner's pod. PodResources names it by namespace and name only, and the
+// informer may lag behind the Binding or still show an ended pod whose name a new pod took
+// (a deleted terminal pod is never seen with a deletionTimestamp). So the informer's pod is
+// taken only when it is bound here, live, and PreStart will write to it: that patch holds
+// only for the pod's UID (patchAnnotations), so the API confirms it is the same pod before
+// the container starts. Otherwise (a container restart
+// adopting its instances writes nothing) the pod is read from the API server.
 func (a *Allocator) pod(ctx context.Context, o podresources.Owner) (*v1.Pod, error) {
 	if a.opts.Pods != nil {
-		if p, err := a.opts.Pods.Pods(o.Namespace).Get(o.Pod); err == nil && p.Spec.NodeName == a.opts.NodeName && p.DeletionTimestamp == nil && hasReservation(p) {
+		if p, err := a.opts.Pods.Pods(o.Namespace).Get(o.Pod); err == nil && p.Spec.NodeName == a.opts.NodeName && p.DeletionTimestamp == nil && !ended(p) && writesTo(p, o.Container) {
 			return p, nil
 		}
 	}
@@ -282,10 +286,19 @@ func (a *Allocator) preStartMIG(ctx context.Context, c *container, idx int, ids 
 	return edits, nil
 }
 
-func hasReservation(p *v1.Pod) bool {
-	_, mig := p.Annotations[api.MigReservationsAnnotation]
-	_, core := p.Annotations[api.DevicesAllocatedAnnotation]
-	return mig || core
+// writesTo says whether PreStart of the container will write to its pod: a MIG
+// reservation of it not realised yet, or a hami-core assignment of it not consumed yet.
+func writesTo(p *v1.Pod, container string) bool {
+	idx, ok := request.ContainerIndex(p, container)
+	if !ok {
+		return false
+	}
+	if raw := p.Annotations[api.MigReservationsAnnotation]; raw != "" {
+		recs, err := api.DecodeMigReservations(raw)
+		return err == nil && slices.ContainsFunc(containerReservations(recs, idx), func(r api.MigReservation) bool { return !r.Realized() })
+	}
+	pending, err := api.DecodeHAMiCoreDevices(api.DevicesToAllocateAnnotation, p.Annotations[api.DevicesToAllocateAnnotation])
+	return err == nil && idx < len(pending) && len(pending[idx]) > 0
 }
 
 func ended(p *v1.Pod) bool {

@@ -19,7 +19,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	cdilib "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -100,7 +102,12 @@ func newEnv(t *testing.T, objs ...runtime.Object) *env {
 
 // pod is a pod bound to the node with MIG reservations: devices[i] placements for container i.
 func (e *env) pod(name string, containers ...[]api.Placement) *v1.Pod {
-	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name),
+	return e.podWithUID(name, types.UID("uid-"+name), containers...)
+}
+
+// podWithUID is pod with the given UID, for a pod recreated under the same name.
+func (e *env) podWithUID(name string, uid types.UID, containers ...[]api.Placement) *v1.Pod {
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: uid,
 		Annotations: map[string]string{api.BindPhaseAnnotation: api.BindPhaseAllocating}}, Spec: v1.PodSpec{NodeName: node}}
 	var recs []api.MigReservation
 	for i, pls := range containers {
@@ -261,6 +268,60 @@ func TestSeedPreStart(t *testing.T) {
 	}
 	if len(e.gis()) != 2 || e.evicted("gpu-pod1") {
 		t.Errorf("an unattributable call changed something")
+	}
+}
+
+// TestRecreatedPodUnderALaggingInformer: StatefulSet pod x ends and is deleted, and x is
+// recreated on this node while the plugin's pod informer still shows the old x (it lags, or
+// its watch is down). PodResources names only namespace/name: the container must get the
+// new x's own instance, never the old x's, whose reclaim would destroy it under the running
+// container once the informer catches up.
+func TestRecreatedPodUnderALaggingInformer(t *testing.T) {
+	e := newEnv(t)
+	old := e.pod("x", pls(at(0, 2)))
+	oldEnv, err := e.start(e.admit(old, "c0", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	if err := indexer.Add(e.get("x")); err != nil { // the informer saw x realised, then nothing more
+		t.Fatal(err)
+	}
+	e.a.opts.Pods = corelisters.NewPodLister(indexer)
+	if err := e.client.CoreV1().Pods("default").Delete(e.ctx, "x", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	recreated := e.podWithUID("x", "uid-x-2", pls(at(2, 2)))
+	env, err := e.start(e.admit(recreated, "c0", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env["NVIDIA_VISIBLE_DEVICES"] == oldEnv["NVIDIA_VISIBLE_DEVICES"] {
+		t.Fatalf("the recreated pod's container got the ended pod's instance %s", env["NVIDIA_VISIBLE_DEVICES"])
+	}
+	recs, err := api.DecodeMigReservations(e.get("x").Annotations[api.MigReservationsAnnotation])
+	if err != nil || !recs[0].Realized() || recs[0].MigUUID != env["NVIDIA_VISIBLE_DEVICES"] || recs[0].Placement != at(2, 2) {
+		t.Fatalf("the recreated pod's own reservation must be realised and handed out: %+v %v, env %v", recs, err, env)
+	}
+	// The informer catches up; reclaim takes the old x's instance and leaves the new one.
+	if err := indexer.Update(e.get("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.a.Reclaim(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if gis := e.gis(); len(gis) != 1 || gis[0].Placement != at(2, 2) {
+		t.Errorf("after reclaim: %+v", gis)
+	}
+	// An ended pod the informer still shows, even one whose reservation was never realised,
+	// is never taken for the container's pod either.
+	ended := recreated.DeepCopy()
+	ended.UID, ended.Status.Phase = "uid-x-ended", v1.PodFailed
+	if err := indexer.Update(ended); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := e.a.pod(e.ctx, podresources.Owner{Namespace: "default", Pod: "x", Container: "c0"}); err != nil || got.UID != recreated.UID {
+		t.Errorf("an ended pod from the informer was taken: %v %v", got.UID, err)
 	}
 }
 
@@ -751,5 +812,30 @@ func TestCheckpointWriteFailureRefusesTheCreate(t *testing.T) {
 				t.Errorf("after the retry: instances %+v, checkpoint %+v", gis, cp)
 			}
 		})
+	}
+}
+
+// TestFailMarksOnlyItsOwnPod: giving up on a pod marks and evicts that pod, never a pod that
+// took its name meanwhile.
+func TestFailMarksOnlyItsOwnPod(t *testing.T) {
+	e := newEnv(t)
+	e.pod("y", pls(at(0, 2)))
+	gone := e.get("y")
+	if err := e.client.CoreV1().Pods("default").Delete(e.ctx, "y", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.podWithUID("y", "uid-y-2", pls(at(2, 2)))
+	e.a.fail(e.ctx, gone, `container "c0"`, errors.New("cannot be realised"))
+	if got := e.get("y"); got.Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed || got.Annotations[bindFailureAnnotation] != "" {
+		t.Errorf("the pod that took the name was marked failed: %v", got.Annotations)
+	}
+	// Its own pod is marked, however often it changed since it was read.
+	own := e.get("y")
+	if _, err := e.client.CoreV1().Pods("default").Patch(e.ctx, "y", types.MergePatchType, []byte(`{"metadata":{"labels":{"a":"b"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.a.fail(e.ctx, own, `container "c0"`, errors.New("cannot be realised"))
+	if got := e.get("y"); got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseFailed || got.Annotations[bindFailureAnnotation] != "cannot be realised" {
+		t.Errorf("its own pod: %v", got.Annotations)
 	}
 }

@@ -2,11 +2,11 @@ package allocate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
@@ -56,7 +56,7 @@ func (a *Allocator) preStartHAMiCore(ctx context.Context, c *container, idx int,
 		if err != nil {
 			pending = nil // consumed by another writer, or absent: nothing left to consume
 		}
-		annotations := map[string]any{}
+		annotations := map[string]string{}
 		if idx < len(pending) && len(pending[idx]) > 0 {
 			pending[idx] = nil
 			annotations[api.DevicesToAllocateAnnotation] = api.EncodeHAMiCoreDevices(pending)
@@ -73,7 +73,7 @@ func (a *Allocator) preStartHAMiCore(ctx context.Context, c *container, idx int,
 		}
 		if pod, err = a.patchAnnotations(ctx, pod, annotations); err == nil {
 			break
-		} else if !apierrors.IsConflict(err) || attempt == 4 {
+		} else if !errors.Is(err, errPodChanged) || attempt == 4 {
 			return specs.ContainerEdits{}, because(reasonWriteBack, fmt.Errorf("consuming the hami-core assignment of pod %s/%s: %w", pod.Namespace, pod.Name, err))
 		}
 	}

@@ -3,7 +3,11 @@ package allocate
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -18,8 +22,8 @@ import (
 // writeBack records the container's runtime identity in the pod's reservation annotation,
 // and bind-phase success once every reservation of the pod is realised. Nothing is written
 // when the pod already says so (a container restart that adopted its instances). The patch
-// carries the resourceVersion it was computed from; on a conflict (another container of the
-// pod wrote first) it is computed again on a fresh read.
+// holds only for the pod it was computed from (patchAnnotations); when the pod changed
+// meanwhile (another container of the pod wrote first) it is computed again on a fresh read.
 func (a *Allocator) writeBack(ctx context.Context, pod *v1.Pod, mine []made) error {
 	for attempt := 0; attempt < 5; attempt++ {
 		recs, err := api.DecodeMigReservations(pod.Annotations[api.MigReservationsAnnotation])
@@ -38,7 +42,7 @@ func (a *Allocator) writeBack(ctx context.Context, pod *v1.Pod, mine []made) err
 			}
 			all = all && recs[i].Realized()
 		}
-		annotations := map[string]any{}
+		annotations := map[string]string{}
 		if changed {
 			raw, err := api.EncodeMigReservations(recs)
 			if err != nil {
@@ -52,34 +56,52 @@ func (a *Allocator) writeBack(ctx context.Context, pod *v1.Pod, mine []made) err
 		if len(annotations) == 0 {
 			return nil
 		}
-		if pod, err = a.patchAnnotations(ctx, pod, annotations); err == nil || !apierrors.IsConflict(err) {
+		if pod, err = a.patchAnnotations(ctx, pod, annotations); !errors.Is(err, errPodChanged) {
 			return err
 		}
 	}
 	return fmt.Errorf("writing the runtime identity to pod %s/%s: too many conflicts", pod.Namespace, pod.Name)
 }
 
-// patchAnnotations patches the pod's annotations with its resourceVersion as a
-// precondition. On a conflict it returns the pod read afresh (the same pod: a new pod of
-// the same name is an error) with the conflict.
-func (a *Allocator) patchAnnotations(ctx context.Context, pod *v1.Pod, annotations map[string]any) (*v1.Pod, error) {
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": pod.ResourceVersion, "annotations": annotations}})
-	_, err := a.opts.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+// errPodChanged says the pod changed since it was read: patchAnnotations returns it with the
+// pod read afresh, for the caller to compute its patch again.
+var errPodChanged = errors.New("the pod changed since it was read")
+
+// patchAnnotations sets the pod's annotations if the pod is still the one read: a JSON
+// patch whose test operations make its UID (and resourceVersion, when it has one) the
+// precondition, so a pod recreated under the name is never written. On a failure it reads
+// the pod again: the same pod changed is errPodChanged with the fresh pod; another pod of
+// the name is an error.
+func (a *Allocator) patchAnnotations(ctx context.Context, pod *v1.Pod, annotations map[string]string) (*v1.Pod, error) {
+	ops := []map[string]any{{"op": "test", "path": "/metadata/uid", "value": pod.UID}}
+	if pod.ResourceVersion != "" {
+		ops = append(ops, map[string]any{"op": "test", "path": "/metadata/resourceVersion", "value": pod.ResourceVersion})
+	}
+	if pod.Annotations == nil {
+		ops = append(ops, map[string]any{"op": "add", "path": "/metadata/annotations", "value": map[string]string{}})
+	}
+	for _, k := range slices.Sorted(maps.Keys(annotations)) {
+		ops = append(ops, map[string]any{"op": "add", "path": "/metadata/annotations/" + jsonPointerEscaper.Replace(k), "value": annotations[k]})
+	}
+	patch, _ := json.Marshal(ops)
+	_, err := a.opts.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, patch, metav1.PatchOptions{})
 	if err == nil {
 		return pod, nil
-	}
-	if !apierrors.IsConflict(err) {
-		return pod, fmt.Errorf("writing to pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	fresh, gerr := a.opts.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 	switch {
 	case gerr != nil:
-		return pod, fmt.Errorf("re-reading pod %s/%s after a conflict: %w", pod.Namespace, pod.Name, gerr)
+		return pod, fmt.Errorf("writing to pod %s/%s: %w; reading it again: %w", pod.Namespace, pod.Name, err, gerr)
 	case fresh.UID != pod.UID:
-		return pod, fmt.Errorf("pod %s/%s was replaced while its devices were prepared", pod.Namespace, pod.Name)
+		return pod, fmt.Errorf("pod %s/%s (UID %s) was replaced by a pod of the same name (UID %s) while its devices were prepared", pod.Namespace, pod.Name, pod.UID, fresh.UID)
+	case fresh.ResourceVersion != pod.ResourceVersion:
+		return fresh, errPodChanged
 	}
-	return fresh, err
+	return pod, fmt.Errorf("writing to pod %s/%s: %w", pod.Namespace, pod.Name, err)
 }
+
+// jsonPointerEscaper escapes an annotation key as a JSON Pointer segment (RFC 6901).
+var jsonPointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
 
 // bindFailureAnnotation says why the device plugin gave up on a pod.
 const bindFailureAnnotation = "dynamig.io/bind-failure"
@@ -92,10 +114,15 @@ func (a *Allocator) fail(ctx context.Context, pod *v1.Pod, what string, cause er
 	logger := klog.FromContext(ctx)
 	logger.Error(cause, "Reservation cannot be realised; evicting the pod", "pod", klog.KObj(pod), "target", what)
 	a.eventf(pod, v1.EventTypeWarning, ReasonUnrealisable, "Evicting: %s: %v", what, cause)
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{
-		api.BindPhaseAnnotation: api.BindPhaseFailed, bindFailureAnnotation: cause.Error(),
-	}}})
-	if _, err := a.opts.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	// Through patchAnnotations, so a pod that took the name meanwhile is never marked.
+	annotations := map[string]string{api.BindPhaseAnnotation: api.BindPhaseFailed, bindFailureAnnotation: cause.Error()}
+	marked, err := pod, error(nil)
+	for attempt := 0; attempt < 5; attempt++ {
+		if marked, err = a.patchAnnotations(ctx, marked, annotations); !errors.Is(err, errPodChanged) {
+			break
+		}
+	}
+	if err != nil {
 		logger.Error(err, "Marking the bind phase failed", "pod", klog.KObj(pod))
 	}
 	eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
