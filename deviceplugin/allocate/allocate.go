@@ -360,15 +360,22 @@ func (a *Allocator) realiseOne(ctx context.Context, pod *v1.Pod, r api.MigReserv
 	// restart, or a kubelet or plugin restart, adopts it.
 	if e, ok := a.opts.Checkpoint.Get(key); ok {
 		if e.State == checkpoint.Created {
-			in, found, err := a.find(r.GPUUUID, e)
-			if err != nil {
+			in, state, err := a.find(r.GPUUUID, e)
+			switch {
+			case err != nil:
 				return made{}, because(reasonCreate, fmt.Errorf("%s: %w", which, err))
-			}
-			if found {
+			case state == whole:
 				return made{Instance: in, containerIndex: r.ContainerIndex, deviceIndex: r.DeviceIndex}, nil
+			case state == halfDestroyed:
+				// A destroy that failed half way (a rollback): finished, then made again below.
+				if err := a.opts.Instances.Destroy(ctx, r.GPUUUID, in.GPUInstanceID); err != nil {
+					return made{}, because(reasonCreate, fmt.Errorf("%s: destroying what a failed destroy left of its instance: %w", which, err))
+				}
+				klog.FromContext(ctx).Info("Destroyed what a failed destroy left of the pod's MIG instance; creating it again", "gpu", r.GPUUUID, "placement", r.Placement.String(), "oldMigUUID", e.MigUUID)
+			default:
+				// Gone (the node rebooted): made again below, at the same placement.
+				klog.FromContext(ctx).Info("The pod's MIG instance is gone; creating it again", "gpu", r.GPUUUID, "placement", r.Placement.String(), "oldMigUUID", e.MigUUID)
 			}
-			// Gone (the node rebooted): made again below, at the same placement.
-			klog.FromContext(ctx).Info("The pod's MIG instance is gone; creating it again", "gpu", r.GPUUUID, "placement", r.Placement.String(), "oldMigUUID", e.MigUUID)
 		} else if err := a.finishIntent(ctx, e); err != nil {
 			return made{}, because(reasonCreate, err)
 		}
@@ -414,20 +421,31 @@ func (a *Allocator) finishIntent(ctx context.Context, e checkpoint.Entry) error 
 	return a.opts.Checkpoint.Remove(e.Key)
 }
 
+// instanceState is what NVML shows of a created entry's instance.
+type instanceState int
+
+const (
+	gone          instanceState = iota
+	whole                       // its GPU and compute instance, as recorded
+	halfDestroyed               // its GPU instance without its compute instance: a destroy failed half way
+)
+
 // find looks the checkpoint's instance up in NVML by its complete identity. A GPU NVML
 // cannot list (fallen off the bus) is an error, never "gone": its instances may come back.
-func (a *Allocator) find(gpu string, e checkpoint.Entry) (instances.Instance, bool, error) {
+func (a *Allocator) find(gpu string, e checkpoint.Entry) (instances.Instance, instanceState, error) {
 	list, err := a.opts.Instances.List(gpu)
 	if err != nil {
-		return instances.Instance{}, false, err
+		return instances.Instance{}, gone, err
 	}
 	for _, in := range list {
-		if in.Complete && in.GPUInstanceID == e.GPUInstanceID && in.ComputeInstanceID == e.ComputeInstanceID &&
-			in.MigUUID == e.MigUUID && in.Placement == e.Placement && in.Profile == e.Profile {
-			return in, true, nil
+		switch {
+		case records(e, in):
+			return in, whole, nil
+		case leftOf(e, in):
+			return in, halfDestroyed, nil
 		}
 	}
-	return instances.Instance{}, false, nil
+	return instances.Instance{}, gone, nil
 }
 
 // clearPlacement makes sure nothing occupies the reserved placement: an overlapping
@@ -492,7 +510,7 @@ func (a *Allocator) blocker(ctx context.Context, r api.MigReservation) (string, 
 func (a *Allocator) owner(in instances.Instance) (checkpoint.Entry, bool) {
 	entries := a.opts.Checkpoint.Entries()
 	for _, e := range entries {
-		if records(e, in) {
+		if records(e, in) || leftOf(e, in) {
 			return e, true
 		}
 	}
@@ -509,6 +527,15 @@ func (a *Allocator) owner(in instances.Instance) (checkpoint.Entry, bool) {
 func records(e checkpoint.Entry, in instances.Instance) bool {
 	return e.State == checkpoint.Created && in.Complete && e.GPUUUID == in.GPUUUID && e.Placement == in.Placement &&
 		e.GPUInstanceID == in.GPUInstanceID && e.MigUUID == in.MigUUID
+}
+
+// leftOf says whether the instance is what a failed destroy left of a created entry's: its
+// GPU instance (the GPU, placement, profile and id recorded) without a compute instance.
+// Destroys run under the GPU lock, which every create of this plugin holds too, so no
+// other create of ours can have made it there meanwhile.
+func leftOf(e checkpoint.Entry, in instances.Instance) bool {
+	return e.State == checkpoint.Created && !in.Complete && in.ComputeInstanceID < 0 && e.GPUUUID == in.GPUUUID && e.Placement == in.Placement &&
+		e.GPUInstanceID == in.GPUInstanceID && e.Profile == in.Profile
 }
 
 // recordedForOther says whether an entry other than the intent's records the instance.

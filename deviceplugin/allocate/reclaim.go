@@ -67,12 +67,12 @@ func (a *Allocator) reclaimLocked(ctx context.Context, gpu string) error {
 func (a *Allocator) reclaim(ctx context.Context, e checkpoint.Entry, pod *v1.Pod) error {
 	destroyed := false
 	if e.State == checkpoint.Created {
-		_, found, err := a.find(e.GPUUUID, e)
+		_, state, err := a.find(e.GPUUUID, e)
 		if err != nil {
 			metrics.ObserveActions("reclaim_failed", 1)
 			return fmt.Errorf("reclaiming the instance of %s/%s: %w", e.PodNamespace, e.PodName, err)
 		}
-		if found {
+		if state != gone { // whole, or what a failed destroy left: never forgotten before it is destroyed
 			if err := a.opts.Instances.Destroy(ctx, e.GPUUUID, e.GPUInstanceID); err != nil {
 				metrics.ObserveActions("reclaim_failed", 1)
 				return fmt.Errorf("reclaiming the instance of %s/%s: %w", e.PodNamespace, e.PodName, err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
+	"github.com/dynamig/dynamig/deviceplugin/instances"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
 	"github.com/dynamig/dynamig/nvml"
 	"github.com/dynamig/dynamig/nvml/sim"
@@ -210,5 +211,65 @@ func TestReclaimKeepsALostGPUsInstances(t *testing.T) {
 	e.sim.RecoverGPU(0)
 	if err := e.a.Reclaim(e.ctx); err != nil || len(e.gis()) != 0 || len(e.cp.Entries()) != 0 {
 		t.Fatalf("with the GPU back the instance must go: %v, instances %+v, entries %+v", err, e.gis(), e.cp.Entries())
+	}
+}
+
+// TestHalfDestroyedInstanceIsDestroyedNotForgotten: reclaim destroys an ended pod's compute
+// instance and then fails on its GPU instance. The GPU instance left without its compute
+// instance is still the entry's own: the next pass destroys it and only then forgets the
+// entry, and the next pod reserved at that placement gets it.
+func TestHalfDestroyedInstanceIsDestroyedNotForgotten(t *testing.T) {
+	e := newEnv(t)
+	e.realise("a", at(0, 2))
+	if err := e.client.CoreV1().Pods("default").Delete(e.ctx, "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.sim.FailNext(0, sim.OpDestroyGpuInstance, nvml.ErrorUnknown)
+	if err := e.a.Reclaim(e.ctx); err == nil {
+		t.Fatal("the failed GPU instance destroy must be reported")
+	}
+	if gis := e.gis(); len(gis) != 1 || len(gis[0].ComputeInstances) != 0 || len(e.cp.Entries()) != 1 {
+		t.Fatalf("want a's GPU instance without its compute instance, and a's entry: %+v %+v", gis, e.cp.Entries())
+	}
+	if err := e.a.Reclaim(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if gis := e.gis(); len(gis) != 0 || len(e.cp.Entries()) != 0 {
+		t.Fatalf("the next pass must destroy what is left, then forget the entry: %+v %+v", gis, e.cp.Entries())
+	}
+	if _, err := e.start(e.admit(e.pod("b", pls(at(0, 2))), "c0", 1)); err != nil || e.evicted("b") {
+		t.Fatalf("the next pod at the placement: %v", err)
+	}
+}
+
+// TestHalfUndoneInstanceIsRedone: a container's second device cannot be made, and the
+// rollback of its first fails half way (compute instance gone, GPU instance kept). The
+// kubelet's retry finds the entry's own half instance, destroys it and makes the container's
+// devices; the pod is never called a victim of someone else's instance.
+func TestHalfUndoneInstanceIsRedone(t *testing.T) {
+	e := newEnv(t)
+	ids := e.admit(e.pod("p", pls(at(0, 2), at(2, 2))), "c0", 2)
+	creates := 0
+	mgr, err := instances.New(hookedNVML{Interface: e.sim, hook: func() {
+		if creates++; creates == 2 { // the second device's GPU instance cannot be made, nor the first's rolled back
+			e.sim.FailNext(0, sim.OpCreateGpuInstance, nvml.ErrorInsufficientRes)
+			e.sim.FailNext(0, sim.OpDestroyGpuInstance, nvml.ErrorUnknown)
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.a.opts.Instances = mgr
+	if _, err := e.start(ids); err == nil {
+		t.Fatal("the second device's create must fail")
+	}
+	if gis := e.gis(); len(gis) != 1 || len(gis[0].ComputeInstances) != 0 || len(e.cp.Entries()) != 1 {
+		t.Fatalf("want the first device's GPU instance without its compute instance, and its entry: %+v %+v", gis, e.cp.Entries())
+	}
+	if _, err := e.start(ids); err != nil || e.evicted("p") {
+		t.Fatalf("the retry must redo the container's devices: %v (evicted %v)", err, e.evicted("p"))
+	}
+	if gis := e.gis(); len(gis) != 2 || len(gis[0].ComputeInstances) != 1 || len(gis[1].ComputeInstances) != 1 {
+		t.Errorf("instances: %+v", gis)
 	}
 }
