@@ -348,8 +348,10 @@ func (a *Allocator) realise(ctx context.Context, pod *v1.Pod, recs []api.MigRese
 func (a *Allocator) realiseOne(ctx context.Context, pod *v1.Pod, r api.MigReservation) (made, error) {
 	key := checkpoint.Key{PodUID: string(pod.UID), ContainerIndex: r.ContainerIndex, DeviceIndex: r.DeviceIndex}
 	which := fmt.Sprintf("pod %s/%s container %d device %d", pod.Namespace, pod.Name, r.ContainerIndex, r.DeviceIndex)
-	if _, err := a.opts.Instances.ProfileID(r.GPUUUID, r.Profile, r.Placement); err != nil {
+	if _, err := a.opts.Instances.ProfileID(r.GPUUUID, r.Profile, r.Placement); instances.IsUnrealisable(err) {
 		return made{}, never(reasonTampered, fmt.Errorf("%s: %w", which, err))
+	} else if err != nil { // NVML did not answer (the GPU fell off the bus, for one): the kubelet retries
+		return made{}, because(reasonCreate, fmt.Errorf("%s: %w", which, err))
 	}
 	unlock, err := a.opts.Instances.Lock(r.GPUUUID)
 	if err != nil {

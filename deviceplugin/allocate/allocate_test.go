@@ -839,3 +839,40 @@ func TestFailMarksOnlyItsOwnPod(t *testing.T) {
 		t.Errorf("its own pod: %v", got.Annotations)
 	}
 }
+
+// TestLostGPUAtAContainerRestart: the GPU falls off the bus while its pod runs and the
+// container restarts. NVML's failure is no sign of tampering: the kubelet retries, the pod
+// is neither failed nor evicted, and once NVML answers again the container gets its
+// instance back. Only a GPU not on the node, a profile it lacks or an illegal placement
+// are final.
+func TestLostGPUAtAContainerRestart(t *testing.T) {
+	e := newEnv(t)
+	ids := e.admit(e.pod("p", pls(at(0, 2))), "c0", 1)
+	first, err := e.start(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sim.LoseGPU(0)
+	if _, err := e.start(ids); err == nil || !strings.Contains(err.Error(), "GPU_IS_LOST") {
+		t.Fatalf("want the lost GPU's NVML error: %v", err)
+	}
+	if e.evicted("p") || e.get("p").Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed {
+		t.Fatal("a lost GPU at a container restart failed the pod")
+	}
+	e.sim.RecoverGPU(0)
+	again, err := e.start(ids)
+	if err != nil || again["NVIDIA_VISIBLE_DEVICES"] != first["NVIDIA_VISIBLE_DEVICES"] {
+		t.Fatalf("after the GPU is back: %v %v", again, err)
+	}
+	// A profile the GPU does not have is final.
+	bad := e.pod("bad", pls(at(0, 1)))
+	recs, _ := api.DecodeMigReservations(bad.Annotations[api.MigReservationsAnnotation])
+	recs[0].Profile = "1g.10gb"
+	raw, _ := api.EncodeMigReservations(recs)
+	bad.Annotations[api.MigReservationsAnnotation] = raw
+	bad.Name, bad.UID = "bad2", "uid-bad2"
+	e.create(bad)
+	if _, err := e.start(e.admit(bad, "c0", 1)); err == nil || !e.evicted("bad2") {
+		t.Errorf("a profile the GPU lacks must fail the pod: %v", err)
+	}
+}

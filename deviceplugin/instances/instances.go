@@ -32,6 +32,25 @@ type Instance struct {
 	Complete bool
 }
 
+// UnrealisableError is what no retry gets past: a GPU not on this node, a profile it does
+// not have, a placement NVML does not list for the profile. Every other error (an NVML call
+// that failed) may pass.
+type UnrealisableError struct{ Err error }
+
+func (e *UnrealisableError) Error() string { return e.Err.Error() }
+func (e *UnrealisableError) Unwrap() error { return e.Err }
+
+// IsUnrealisable says whether err is, or wraps, an UnrealisableError.
+func IsUnrealisable(err error) bool {
+	var u *UnrealisableError
+	return errors.As(err, &u)
+}
+
+// unrealisable makes an UnrealisableError.
+func unrealisable(format string, args ...any) error {
+	return &UnrealisableError{Err: fmt.Errorf(format, args...)}
+}
+
 // Manager serialises mutation per physical GPU.
 type Manager struct {
 	lib nvml.Interface
@@ -69,7 +88,7 @@ func (m *Manager) Lock(gpuUUID string) (unlock func(), err error) {
 	l, ok := m.locks[gpuUUID]
 	m.mu.Unlock()
 	if !ok {
-		return nil, fmt.Errorf("GPU %s is not on this node", gpuUUID)
+		return nil, unrealisable("GPU %s is not on this node", gpuUUID)
 	}
 	l.Lock()
 	return l.Unlock, nil
@@ -80,7 +99,7 @@ func (m *Manager) device(gpuUUID string) (nvml.Device, error) {
 	defer m.mu.Unlock()
 	dev, ok := m.devices[gpuUUID]
 	if !ok {
-		return nil, fmt.Errorf("GPU %s is not on this node", gpuUUID)
+		return nil, unrealisable("GPU %s is not on this node", gpuUUID)
 	}
 	return dev, nil
 }
@@ -99,7 +118,8 @@ func (m *Manager) GPUs() []string {
 
 // ProfileID resolves a profile name to the GPU's NVML profile id, by exact name (so
 // variants such as 1g.10gb+me and the double-memory 1g.20gb are their own profiles), and
-// checks that the placement is one NVML lists for it.
+// checks that the placement is one NVML lists for it. A GPU not here, a profile it lacks or
+// a placement not listed is an UnrealisableError; a failed NVML call is returned as it is.
 func (m *Manager) ProfileID(gpuUUID, profile string, placement api.Placement) (int, error) {
 	dev, err := m.device(gpuUUID)
 	if err != nil {
@@ -115,14 +135,14 @@ func (m *Manager) ProfileID(gpuUUID, profile string, placement api.Placement) (i
 		for j, p := range profiles {
 			names[j] = p.Name
 		}
-		return 0, fmt.Errorf("GPU %s has no MIG profile %s (it has %v)", gpuUUID, profile, names)
+		return 0, unrealisable("GPU %s has no MIG profile %s (it has %v)", gpuUUID, profile, names)
 	}
 	legal, err := dev.GpuInstancePossiblePlacements(profiles[i].ID)
 	if err != nil {
 		return 0, err
 	}
 	if !slices.Contains(legal, placement) {
-		return 0, fmt.Errorf("placement %s is not legal for %s on GPU %s (legal: %v)", placement, profile, gpuUUID, legal)
+		return 0, unrealisable("placement %s is not legal for %s on GPU %s (legal: %v)", placement, profile, gpuUUID, legal)
 	}
 	return profiles[i].ID, nil
 }

@@ -100,7 +100,7 @@ func (d *device) SetMigMode(enabled bool) error {
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
 	op := d.op("SetMigMode", enabled)
-	if err := d.s.checkInit(op); err != nil {
+	if err := d.check(op); err != nil {
 		return err
 	}
 	if err := d.g.takeFault(OpSetMigMode, op); err != nil {
@@ -133,7 +133,7 @@ func (d *device) GpuInstanceProfiles() ([]nvml.GpuInstanceProfile, error) {
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
 	op := d.op("GpuInstanceProfiles")
-	if err := d.s.checkInit(op); err != nil {
+	if err := d.check(op); err != nil {
 		return nil, err
 	}
 	if err := d.g.checkMig(op); err != nil {
@@ -166,7 +166,7 @@ func (d *device) GpuInstanceProfileByID(profileID int) (nvml.GpuInstanceProfile,
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
 	op := d.op("GpuInstanceProfileByID", profileID)
-	if err := d.s.checkInit(op); err != nil {
+	if err := d.check(op); err != nil {
 		return nvml.GpuInstanceProfile{}, err
 	}
 	if err := d.g.checkMig(op); err != nil {
@@ -184,7 +184,7 @@ func (d *device) GpuInstancePossiblePlacements(profileID int) ([]api.Placement, 
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
 	op := d.op("GpuInstancePossiblePlacements", fmt.Sprintf("profile %d", profileID))
-	if err := d.s.checkInit(op); err != nil {
+	if err := d.check(op); err != nil {
 		return nil, err
 	}
 	if err := d.g.checkMig(op); err != nil {
@@ -219,7 +219,7 @@ func (d *device) CreateGpuInstanceWithPlacement(profileID int, pl api.Placement)
 	if p, ok := g.model.ProfileByID(profileID); ok {
 		op = fmt.Sprintf("CreateGpuInstanceWithPlacement(%s, profile %d (%s), %s)", g.uuid, profileID, p.Name, pl)
 	}
-	if err := d.s.checkInit(op); err != nil {
+	if err := d.check(op); err != nil {
 		return nil, err
 	}
 	if err := g.takeFault(OpCreateGpuInstance, op); err != nil {
@@ -310,7 +310,7 @@ func (d *device) GpuInstances() ([]nvml.GpuInstance, error) {
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
 	op := d.op("GpuInstances")
-	if err := d.s.checkInit(op); err != nil {
+	if err := d.check(op); err != nil {
 		return nil, err
 	}
 	if err := d.g.checkMig(op); err != nil {
@@ -327,7 +327,7 @@ func (d *device) GpuInstanceByID(id int) (nvml.GpuInstance, error) {
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
 	op := d.op("GpuInstanceByID", id)
-	if err := d.s.checkInit(op); err != nil {
+	if err := d.check(op); err != nil {
 		return nil, err
 	}
 	if err := d.g.checkMig(op); err != nil {

@@ -50,6 +50,9 @@ func (h *gpuInstance) begin(op string) error {
 	if err := h.s.checkInit(op); err != nil {
 		return err
 	}
+	if h.gi.gpu.lost {
+		return nvml.Errorf(nvml.ErrorGPUIsLost, op, "the GPU has fallen off the bus")
+	}
 	if h.gi.destroyed {
 		return nvml.Errorf(nvml.ErrorNotFound, op, "the GPU instance no longer exists")
 	}
@@ -141,6 +144,9 @@ func (h *computeInstance) op(name string) string {
 func liveCI(s *Sim, ci *ciState, op string) error {
 	if err := s.checkInit(op); err != nil {
 		return err
+	}
+	if ci.gi.gpu.lost {
+		return nvml.Errorf(nvml.ErrorGPUIsLost, op, "the GPU has fallen off the bus")
 	}
 	if ci.destroyed {
 		return nvml.Errorf(nvml.ErrorNotFound, op, "the compute instance no longer exists")
