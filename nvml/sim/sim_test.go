@@ -1014,23 +1014,26 @@ func TestLoseGPU(t *testing.T) {
 		t.Errorf("UUID of a lost GPU: %v", err)
 	}
 	calls := map[string]func() error{
-		"Name":                           func() error { _, err := d.Name(); return err },
-		"MemoryMiB":                      func() error { _, err := d.MemoryMiB(); return err },
-		"MigMode":                        func() error { _, _, err := d.MigMode(); return err },
-		"SetMigMode":                     func() error { return d.SetMigMode(true) },
-		"GpuInstanceProfiles":            func() error { _, err := d.GpuInstanceProfiles(); return err },
-		"GpuInstanceProfileByID":         func() error { _, err := d.GpuInstanceProfileByID(id); return err },
-		"GpuInstancePossiblePlacements":  func() error { _, err := d.GpuInstancePossiblePlacements(id); return err },
-		"CreateGpuInstanceWithPlacement": func() error { _, err := d.CreateGpuInstanceWithPlacement(id, api.Placement{Start: 4, Size: 1}); return err },
-		"GpuInstances":                   func() error { _, err := d.GpuInstances(); return err },
-		"GpuInstanceByID":                func() error { _, err := d.GpuInstanceByID(giid); return err },
-		"MigDevices":                     func() error { _, err := d.MigDevices(); return err },
-		"GI Info":                        func() error { _, err := gi.Info(); return err },
-		"GI ComputeInstances":            func() error { _, err := gi.ComputeInstances(); return err },
-		"GI CreateComputeInstance":       func() error { _, err := gi.CreateComputeInstance(); return err },
-		"GI Destroy":                     func() error { return gi.Destroy() },
-		"CI Info":                        func() error { _, err := ci.Info(); return err },
-		"CI Destroy":                     func() error { return ci.Destroy() },
+		"Name":                          func() error { _, err := d.Name(); return err },
+		"MemoryMiB":                     func() error { _, err := d.MemoryMiB(); return err },
+		"MigMode":                       func() error { _, _, err := d.MigMode(); return err },
+		"SetMigMode":                    func() error { return d.SetMigMode(true) },
+		"GpuInstanceProfiles":           func() error { _, err := d.GpuInstanceProfiles(); return err },
+		"GpuInstanceProfileByID":        func() error { _, err := d.GpuInstanceProfileByID(id); return err },
+		"GpuInstancePossiblePlacements": func() error { _, err := d.GpuInstancePossiblePlacements(id); return err },
+		"CreateGpuInstanceWithPlacement": func() error {
+			_, err := d.CreateGpuInstanceWithPlacement(id, api.Placement{Start: 4, Size: 1})
+			return err
+		},
+		"GpuInstances":             func() error { _, err := d.GpuInstances(); return err },
+		"GpuInstanceByID":          func() error { _, err := d.GpuInstanceByID(giid); return err },
+		"MigDevices":               func() error { _, err := d.MigDevices(); return err },
+		"GI Info":                  func() error { _, err := gi.Info(); return err },
+		"GI ComputeInstances":      func() error { _, err := gi.ComputeInstances(); return err },
+		"GI CreateComputeInstance": func() error { _, err := gi.CreateComputeInstance(); return err },
+		"GI Destroy":               func() error { return gi.Destroy() },
+		"CI Info":                  func() error { _, err := ci.Info(); return err },
+		"CI Destroy":               func() error { return ci.Destroy() },
 	}
 	for name, call := range calls {
 		wantCode(t, name+" of a lost GPU", call(), nvml.ErrorGPUIsLost)
