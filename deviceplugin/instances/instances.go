@@ -60,7 +60,9 @@ type Manager struct {
 	locks   map[string]*sync.Mutex
 }
 
-// New indexes the library's GPUs by UUID; lib must be initialised.
+// New indexes the library's GPUs by UUID; lib must be initialised. A GPU NVML cannot
+// identify (no handle, or no UUID) is left out, as the inventory leaves it out, so the
+// node's other GPUs are still served; a library that cannot be used is an error.
 func New(lib nvml.Interface) (*Manager, error) {
 	m := &Manager{lib: lib, devices: map[string]nvml.Device{}, locks: map[string]*sync.Mutex{}}
 	n, err := lib.DeviceCount()
@@ -68,18 +70,27 @@ func New(lib nvml.Interface) (*Manager, error) {
 		return nil, err
 	}
 	for i := 0; i < n; i++ {
-		dev, err := lib.DeviceByIndex(i)
-		if err != nil {
+		uuid, dev, err := identify(lib, i)
+		if nvml.IsCode(err, nvml.ErrorUninitialized) || nvml.IsCode(err, nvml.ErrorLibraryNotFound) {
 			return nil, err
 		}
-		uuid, err := dev.UUID()
 		if err != nil {
-			return nil, err
+			klog.Background().Error(err, "GPU cannot be identified; left out", "index", i)
+			continue
 		}
 		m.devices[uuid] = dev
 		m.locks[uuid] = &sync.Mutex{}
 	}
 	return m, nil
+}
+
+func identify(lib nvml.Interface, i int) (string, nvml.Device, error) {
+	dev, err := lib.DeviceByIndex(i)
+	if err != nil {
+		return "", nil, err
+	}
+	uuid, err := dev.UUID()
+	return uuid, dev, err
 }
 
 // Lock takes the GPU's mutation lock; callers that reclaim then create hold it across both.

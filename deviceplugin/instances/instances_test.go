@@ -163,3 +163,50 @@ func TestListHalfMadeInstance(t *testing.T) {
 		t.Errorf("half-made: %+v", list)
 	}
 }
+
+// unidentified makes GPU index bad of the library unidentifiable: its handle, or its UUID,
+// fails as NVML does for a GPU it cannot initialise.
+type unidentified struct {
+	nvml.Interface
+	bad    int
+	handle bool // the handle fails, else the UUID
+}
+
+func (u unidentified) DeviceByIndex(i int) (nvml.Device, error) {
+	if i == u.bad && u.handle {
+		return nil, nvml.Errorf(nvml.ErrorUnknown, "DeviceByIndex", "injected")
+	}
+	d, err := u.Interface.DeviceByIndex(i)
+	if i == u.bad {
+		return noUUID{d}, err
+	}
+	return d, err
+}
+
+type noUUID struct{ nvml.Device }
+
+func (noUUID) UUID() (string, error) { return "", nvml.Errorf(nvml.ErrorUnknown, "UUID", "injected") }
+
+// TestUnidentifiableGPUIsLeftOut: one GPU NVML cannot identify (no handle, or no UUID) is left
+// out, as the inventory leaves it out, and the node's other GPUs are served; an unusable
+// library still stops the manager.
+func TestUnidentifiableGPUIsLeftOut(t *testing.T) {
+	_, s := newManager(t, "NVIDIA A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB")
+	for _, handle := range []bool{true, false} {
+		m, err := New(unidentified{Interface: s, bad: 0, handle: handle})
+		if err != nil {
+			t.Fatalf("handle fails %v: %v", handle, err)
+		}
+		want, _ := s.DeviceByIndex(1)
+		uuid, _ := want.UUID()
+		if gpus := m.GPUs(); len(gpus) != 1 || gpus[0] != uuid {
+			t.Errorf("handle fails %v: GPUs %v, want only %s", handle, gpus, uuid)
+		}
+	}
+	if err := s.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(s); err == nil {
+		t.Error("an uninitialised library must stop the manager")
+	}
+}

@@ -39,7 +39,11 @@ func Discover(ctx context.Context, lib nvml.Interface, cfg *config.DeviceConfig,
 	for i := 0; i < n; i++ {
 		dev, err := lib.DeviceByIndex(i)
 		if err != nil {
-			return nil, err
+			if libraryError(err) {
+				return nil, err
+			}
+			res.addFinding(logger, "GPU %d cannot be identified (%v): not published", i, err)
+			continue
 		}
 		uuid, err := dev.UUID()
 		if err != nil {

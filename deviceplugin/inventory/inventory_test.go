@@ -188,3 +188,30 @@ func TestLostGPUPublishedUnhealthy(t *testing.T) {
 		t.Errorf("the inventory must stay valid: %v", err)
 	}
 }
+
+// noHandle fails the handle of GPU bad, as NVML does for a GPU it cannot initialise.
+type noHandle struct {
+	nvml.Interface
+	bad int
+}
+
+func (n noHandle) DeviceByIndex(i int) (nvml.Device, error) {
+	if i == n.bad {
+		return nil, nvml.Errorf(nvml.ErrorUnknown, "DeviceByIndex", "injected")
+	}
+	return n.Interface.DeviceByIndex(i)
+}
+
+// TestUnidentifiableGPUNotPublished: a GPU NVML gives no handle for is left out with a
+// finding; the node's other GPUs are published.
+func TestUnidentifiableGPUNotPublished(t *testing.T) {
+	s, _ := sim.New(sim.Options{Seed: "n"}, sim.GPUSpec{Model: "A100-40GB"}, sim.GPUSpec{Model: "A30"})
+	s.Init()
+	res, err := Discover(context.Background(), noHandle{Interface: s, bad: 0}, config.DefaultDeviceConfig(), "n")
+	if err != nil {
+		t.Fatalf("one unidentifiable GPU must not fail discovery: %v", err)
+	}
+	if len(res.GPUs) != 1 || !strings.Contains(res.GPUs[0].Type, "A30") || len(res.Findings) != 1 || !strings.Contains(res.Findings[0], "cannot be identified") {
+		t.Fatalf("gpus %+v findings %v", res.GPUs, res.Findings)
+	}
+}
