@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -35,9 +36,11 @@ import (
 	"github.com/dynamig/dynamig/signing"
 )
 
-// OwnerFinder says which container holds a set of device IDs (the kubelet's PodResources).
+// OwnerFinder says which container holds a set of device IDs, and which IDs the node's
+// containers hold (the kubelet's PodResources).
 type OwnerFinder interface {
 	Find(ctx context.Context, resource string, deviceIDs []string) (podresources.Owner, error)
+	Held(ctx context.Context, resource string) (map[string]bool, error)
 }
 
 // Options configure an Allocator.
@@ -74,6 +77,9 @@ type Options struct {
 // Allocator serves kubelet's Allocate and PreStartContainer calls.
 type Allocator struct {
 	opts Options
+	// specs serialises the CDI spec writes and removals of PreStart with SweepSpecs, so a
+	// sweep never removes a spec written after it read which IDs are held.
+	specs sync.Mutex
 }
 
 // New checks the options.
@@ -167,6 +173,11 @@ func (a *Allocator) PreStartContainer(ctx context.Context, deviceIDs []string) e
 	c, err := a.preStart(ctx, deviceIDs)
 	reason := ""
 	if err != nil {
+		// A refused container resolves nothing: no spec may still name what an earlier
+		// holder of its IDs got.
+		if rmErr := a.removeSpecs(deviceIDs); rmErr != nil {
+			err = fmt.Errorf("%w; %w", err, rmErr)
+		}
 		reason = a.refused(ctx, c, err)
 	} else {
 		a.started(c)
@@ -247,12 +258,44 @@ func (a *Allocator) pod(ctx context.Context, o podresources.Owner) (*v1.Pod, err
 // node of the same name replaces the earlier one; nvcdi's hooks may run once per device ID
 // and are idempotent), and a spec must not be empty.
 func (a *Allocator) writeSpecs(ids []string, edits specs.ContainerEdits) error {
+	a.specs.Lock()
+	defer a.specs.Unlock()
 	for _, id := range ids {
 		if err := a.opts.Specs.Write(a.opts.NodeName, id, edits); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// removeSpecs removes the CDI specs of the device IDs.
+func (a *Allocator) removeSpecs(ids []string) error {
+	a.specs.Lock()
+	defer a.specs.Unlock()
+	var errs []error
+	for _, id := range ids {
+		errs = append(errs, a.opts.Specs.Remove(a.opts.NodeName, id))
+	}
+	return errors.Join(errs...)
+}
+
+// SweepSpecs removes the CDI specs of device IDs that no container holds any more (the
+// kubelet's PodResources): a spec lives as long as its container, so one the kubelet
+// resolves without calling PreStart (after its restart, before this plugin registers
+// again) can never name a device another pod got. An unreadable PodResources removes
+// nothing. The reconcile loop and restart recovery run it.
+func (a *Allocator) SweepSpecs(ctx context.Context) error {
+	a.specs.Lock()
+	defer a.specs.Unlock()
+	held, err := a.opts.Owners.Held(ctx, a.opts.Names.ResourceCountName)
+	if err != nil {
+		return fmt.Errorf("not removing CDI specs: %w", err)
+	}
+	removed, err := a.opts.Specs.RemoveExcept(a.opts.NodeName, held)
+	if removed > 0 {
+		klog.FromContext(ctx).V(2).Info("Removed the CDI specs of devices no container holds", "specs", removed)
+	}
+	return err
 }
 
 // preStartMIG realises the container's MIG reservations (c.made) and returns what the

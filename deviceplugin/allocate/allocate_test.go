@@ -48,6 +48,16 @@ func (o owners) Find(_ context.Context, _ string, ids []string) (podresources.Ow
 	return podresources.Owner{}, fmt.Errorf("no active container holds devices %v", ids)
 }
 
+func (o owners) Held(context.Context, string) (map[string]bool, error) {
+	held := map[string]bool{}
+	for ids := range o {
+		for _, id := range strings.Split(ids, ",") {
+			held[id] = true
+		}
+	}
+	return held, nil
+}
+
 type env struct {
 	t       *testing.T
 	ctx     context.Context
@@ -874,5 +884,78 @@ func TestLostGPUAtAContainerRestart(t *testing.T) {
 	e.create(bad)
 	if _, err := e.start(e.admit(bad, "c0", 1)); err == nil || !e.evicted("bad2") {
 		t.Errorf("a profile the GPU lacks must fail the pod: %v", err)
+	}
+}
+
+// specNames lists the CDI spec files in the test's spec directory.
+func (e *env) specNames() []string {
+	entries, err := os.ReadDir(e.cdiDir)
+	if err != nil && !os.IsNotExist(err) {
+		e.t.Fatal(err)
+	}
+	var names []string
+	for _, en := range entries {
+		names = append(names, en.Name())
+	}
+	return names
+}
+
+// TestSpecsLiveAsLongAsTheirContainer: a device ID's CDI spec never outlives its container.
+// The next holder of p's IDs is refused: no spec names p's MIG device then. Once no
+// container holds an ID (the kubelet no longer lists it) the sweep removes its spec, MIG
+// and hami-core alike, and leaves every held ID's spec and other nodes' and vendors' specs.
+func TestSpecsLiveAsLongAsTheirContainer(t *testing.T) {
+	e := newEnv(t)
+	p := e.pod("p", pls(at(0, 2)))
+	ids := e.admit(p, "c0", 1)
+	if _, err := e.start(ids); err != nil {
+		t.Fatal(err)
+	}
+	kept := e.pod("kept", pls(at(4, 4)))
+	keptIDs := e.admit(kept, "c0", 1)
+	if _, err := e.start(keptIDs); err != nil {
+		t.Fatal(err)
+	}
+	// p ends; the kubelet gives its ID to q, whose reservation is not signed for it.
+	if err := e.client.CoreV1().Pods("default").Delete(e.ctx, "p", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.a.Reclaim(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := e.pod("q", pls(at(2, 2)))
+	q.Annotations[api.MigReservationsAnnotation] = strings.Replace(q.Annotations[api.MigReservationsAnnotation], `"start":2`, `"start":0`, 1)
+	if _, err := e.client.CoreV1().Pods("default").Update(e.ctx, q, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	delete(e.owners, ids[0])
+	e.owners[ids[0]] = podresources.Owner{Namespace: "default", Pod: "q", Container: "c0"}
+	if err := e.a.PreStartContainer(e.ctx, ids); err == nil {
+		t.Fatal("q's tampered reservation must be refused")
+	}
+	if slices.Contains(e.specNames(), e.a.opts.Specs.FileName(node, ids[0])) {
+		t.Errorf("after q's refusal the spec of %s still names p's device", ids[0])
+	}
+	// A hami-core share's spec, another node's and another vendor's.
+	if err := e.a.opts.Specs.Write(node, "GPU-x::share-9", cdi.Edits(&pluginapi.ContainerAllocateResponse{Envs: map[string]string{"A": "b"}})); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.a.opts.Specs.Write("other-node", "GPU-x::1", cdi.Edits(&pluginapi.ContainerAllocateResponse{Envs: map[string]string{"A": "b"}})); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.cdiDir, "nvidia.com-gpu.yaml"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	delete(e.owners, ids[0]) // q was deleted too: nothing holds the ID
+	if err := e.a.SweepSpecs(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{e.a.opts.Specs.FileName("other-node", "GPU-x::1"), e.a.opts.Specs.FileName(node, keptIDs[0]), "nvidia.com-gpu.yaml"}
+	slices.Sort(want)
+	if got := e.specNames(); !slices.Equal(got, want) {
+		t.Errorf("after the sweep: %v, want %v", got, want)
+	}
+	if _, err := e.start(keptIDs); err != nil {
+		t.Errorf("a held ID's container restarts: %v", err)
 	}
 }

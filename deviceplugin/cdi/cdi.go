@@ -8,6 +8,7 @@ package cdi
 import (
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 
@@ -82,6 +83,37 @@ func (s *Specs) Remove(node, deviceID string) error {
 	}
 	return nil
 }
+
+// RemoveExcept removes the specs of node's device IDs that keep does not hold, and returns
+// how many it removed. The spec directory may be shared (by other vendors, or by nodes of
+// a test on one host): only dynamig's specs of this node are looked at.
+func (s *Specs) RemoveExcept(node string, keep map[string]bool) (int, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return 0, fmt.Errorf("listing the CDI specs in %s: %w", s.dir, err)
+	}
+	kept := map[string]bool{}
+	for id := range keep {
+		kept[s.fileName(DeviceName(node, id))] = true
+	}
+	prefix := s.fileName(DeviceName(node, ""))
+	prefix = strings.TrimSuffix(prefix, ".yaml")
+	removed := 0
+	for _, e := range entries {
+		name := e.Name()
+		if e.IsDir() || !strings.HasPrefix(name, prefix) || !strings.HasSuffix(name, ".yaml") || kept[name] {
+			continue
+		}
+		if err := s.cache.RemoveSpec(name); err != nil {
+			return removed, fmt.Errorf("removing the CDI spec %s from %s: %w", name, s.dir, err)
+		}
+		removed++
+	}
+	return removed, nil
+}
+
+// FileName is the name of the spec file of node's device ID in the spec directory.
+func (s *Specs) FileName(node, deviceID string) string { return s.fileName(DeviceName(node, deviceID)) }
 
 // fileName is the device's spec file, in the CDI library's naming of per-device specs.
 func (s *Specs) fileName(device string) string {

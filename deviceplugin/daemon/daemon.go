@@ -146,6 +146,9 @@ func Run(ctx context.Context, opts Options) error {
 	if _, err := alloc.Recover(ctx, opts.ReclaimUnknownInstances); err != nil {
 		logger.Error(err, "Restart recovery incomplete; continuing without destroying anything it could not verify")
 	}
+	if err := alloc.SweepSpecs(ctx); err != nil {
+		logger.Info("CDI specs not swept at start; the reconcile loop retries", "err", err)
+	}
 	// The instances no reservation explains are told from this node's pods: the informer
 	// syncs before the first inventory is published.
 	factory.Start(ctx.Done())
@@ -250,9 +253,9 @@ func publishLoop(ctx context.Context, pub *publish.Publisher, devs *deviceList, 
 	}
 }
 
-// reclaimLoop reclaims instances of ended pods periodically and whenever a pod on this
-// node is deleted or ends, as an informer on this node's pods reports it (no full LIST
-// every few seconds).
+// reclaimLoop reclaims instances of ended pods, and removes the CDI specs of devices no
+// container holds, periodically and whenever a pod on this node is deleted or ends, as an
+// informer on this node's pods reports it (no full LIST every few seconds).
 //
 // After each pass it asks for the inventory to be published: what the pass kept, or the
 // instances it destroyed, change the instances no reservation explains.
@@ -287,6 +290,9 @@ func reclaimLoop(ctx context.Context, opts Options, alloc *allocate.Allocator, f
 		}
 		if err := alloc.Reclaim(ctx); err != nil {
 			logger.Info("Reclaim incomplete; the next pass retries", "err", err)
+		}
+		if err := alloc.SweepSpecs(ctx); err != nil {
+			logger.Info("CDI specs not swept; the next pass retries", "err", err)
 		}
 		select {
 		case publishNow <- struct{}{}:

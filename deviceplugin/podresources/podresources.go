@@ -54,6 +54,31 @@ func (c *Client) Find(ctx context.Context, resource string, deviceIDs []string) 
 	return owner(resp, resource, deviceIDs)
 }
 
+// Held returns the IDs of resource's devices that the kubelet's listed containers hold.
+func (c *Client) Held(ctx context.Context, resource string) (map[string]bool, error) {
+	resp, err := c.lister.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("listing the kubelet's pod resources: %w", err)
+	}
+	return held(resp, resource), nil
+}
+
+func held(resp *podresourcesv1.ListPodResourcesResponse, resource string) map[string]bool {
+	ids := map[string]bool{}
+	for _, p := range resp.GetPodResources() {
+		for _, ctr := range p.GetContainers() {
+			for _, d := range ctr.GetDevices() {
+				if d.GetResourceName() == resource {
+					for _, id := range d.GetDeviceIds() {
+						ids[id] = true
+					}
+				}
+			}
+		}
+	}
+	return ids
+}
+
 // owner finds in the kubelet's answer the one container that holds exactly deviceIDs.
 func owner(resp *podresourcesv1.ListPodResourcesResponse, resource string, deviceIDs []string) (Owner, error) {
 	want := slices.Sorted(slices.Values(deviceIDs))

@@ -2,6 +2,7 @@ package podresources
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -57,6 +58,20 @@ func TestFind(t *testing.T) {
 				t.Errorf("Find(%v) = %v, %v; want %v, %q", tc.ids, got, err, tc.want, tc.wantErr)
 			}
 		})
+	}
+}
+
+func TestHeld(t *testing.T) {
+	c := &Client{lister: lister{pods: []*podresourcesv1.PodResources{
+		{Name: "a", Namespace: "ns", Containers: []*podresourcesv1.ContainerResources{
+			ctr("sidecar", devs("nvidia.com/gpu", "g::1")),
+			ctr("main", devs("nvidia.com/gpu", "g::3", "g::2"), devs("example.com/nic", "n0")),
+		}},
+		{Name: "b", Namespace: "ns", Containers: []*podresourcesv1.ContainerResources{ctr("main")}},
+	}}}
+	got, err := c.Held(context.Background(), "nvidia.com/gpu")
+	if want := []string{"g::1", "g::2", "g::3"}; err != nil || !slices.Equal(slices.Sorted(maps.Keys(got)), want) {
+		t.Errorf("Held = %v, %v; want %v", got, err, want)
 	}
 }
 
