@@ -274,6 +274,21 @@ func (v *Verifier) set(ctx context.Context, cm *v1.ConfigMap) {
 	v.keys, v.problem = keys, problem
 }
 
+// UnknownKeyError is Verify's error for a signature by a key the ConfigMap does not hold
+// (never did, or no longer does: a retired key).
+type UnknownKeyError struct {
+	KeyID string
+	err   error
+}
+
+func (e *UnknownKeyError) Error() string { return e.err.Error() }
+
+// IsUnknownKey says whether err is, or wraps, an UnknownKeyError.
+func IsUnknownKey(err error) bool {
+	var u *UnknownKeyError
+	return errors.As(err, &u)
+}
+
 // Verify checks the pod's reservation signature: made by a key of the ConfigMap over this
 // pod's UID, its node and the reservation as the scheduler wrote it. The error names the pod
 // and says why.
@@ -299,7 +314,7 @@ func (v *Verifier) Verify(pod *v1.Pod) error {
 		if problem != "" {
 			why += " (" + problem + ")"
 		}
-		return fmt.Errorf("pod %s: its reservation is signed by key %s, which is not in ConfigMap %s/%s; %s", ref, id, v.namespace, api.PublicKeysConfigMapName, why)
+		return &UnknownKeyError{KeyID: id, err: fmt.Errorf("pod %s: its reservation is signed by key %s, which is not in ConfigMap %s/%s; %s", ref, id, v.namespace, api.PublicKeysConfigMapName, why)}
 	}
 	key, value, err := api.SignedPayload(pod.Annotations)
 	if err != nil {

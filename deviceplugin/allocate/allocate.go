@@ -205,8 +205,14 @@ func (a *Allocator) preStart(ctx context.Context, deviceIDs []string) (*containe
 	}
 	c := &container{pod: pod, name: owner.Container}
 	// Nothing is created for a reservation the scheduler did not sign for this pod and node.
+	// A key rotated away since is no reason to evict a running pod: what the checkpoint
+	// records for this pod UID was verified when it was made, and is adopted (or made again
+	// after a reboot) at exactly the recorded placements.
 	if err := a.opts.Verifier.Verify(pod); err != nil {
-		return c, never(reasonTampered, err)
+		if !signing.IsUnknownKey(err) || !a.recorded(pod, idx) {
+			return c, never(reasonTampered, err)
+		}
+		logger.Info("Reservation signed by a key no longer accepted; adopting what the checkpoint records for the pod", "reason", err.Error())
 	}
 	ids := slices.Sorted(slices.Values(deviceIDs))
 	var edits specs.ContainerEdits
@@ -266,6 +272,23 @@ func (a *Allocator) writeSpecs(ids []string, edits specs.ContainerEdits) error {
 		}
 	}
 	return nil
+}
+
+// recorded says whether the checkpoint records every MIG reservation of the container for
+// this pod UID, as created at exactly its GPU, profile and placement.
+func (a *Allocator) recorded(pod *v1.Pod, idx int) bool {
+	recs, err := api.DecodeMigReservations(pod.Annotations[api.MigReservationsAnnotation])
+	mine := containerReservations(recs, idx)
+	if err != nil || len(mine) == 0 {
+		return false
+	}
+	for _, r := range mine {
+		e, ok := a.opts.Checkpoint.Get(checkpoint.Key{PodUID: string(pod.UID), ContainerIndex: r.ContainerIndex, DeviceIndex: r.DeviceIndex})
+		if !ok || e.State != checkpoint.Created || e.GPUUUID != r.GPUUUID || e.Profile != r.Profile || e.Placement != r.Placement {
+			return false
+		}
+	}
+	return true
 }
 
 // removeSpecs removes the CDI specs of the device IDs.

@@ -959,3 +959,48 @@ func TestSpecsLiveAsLongAsTheirContainer(t *testing.T) {
 		t.Errorf("a held ID's container restarts: %v", err)
 	}
 }
+
+// TestRetiredKeyAdoptsWhatTheCheckpointRecords: the signing key is rotated and the old
+// public key retired while a pod signed with it runs. Its container restarts (or the node
+// reboots): the instance the checkpoint records for this pod UID at exactly the reserved
+// placements was verified when it was made, so it is adopted (or made again) without the
+// retired key. A reservation that differs from the record, or a pod with no record, still
+// needs an accepted key.
+func TestRetiredKeyAdoptsWhatTheCheckpointRecords(t *testing.T) {
+	e := newEnv(t)
+	ids := e.admit(e.pod("p", pls(at(0, 2))), "c0", 1)
+	first, err := e.start(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newKey, err := signing.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.a.opts.Verifier = signing.NewStaticVerifier(newKey.Public().(ed25519.PublicKey)) // the old key retired
+	again, err := e.start(ids)
+	if err != nil || again["NVIDIA_VISIBLE_DEVICES"] != first["NVIDIA_VISIBLE_DEVICES"] || e.evicted("p") {
+		t.Fatalf("a restart under a retired key: %v %v (evicted %v)", again, err, e.evicted("p"))
+	}
+	// The node reboots: the instance is gone and made again at the recorded placement.
+	if err := e.sim.LoseGpuInstance(0, e.gis()[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.start(ids); err != nil || len(e.gis()) != 1 || e.evicted("p") {
+		t.Fatalf("a reboot under a retired key: %v %+v", err, e.gis())
+	}
+	// No record for this pod: the retired key is refused.
+	other := e.admit(e.pod("other", pls(at(4, 4))), "c0", 1)
+	if _, err := e.start(other); err == nil || !strings.Contains(err.Error(), "not in ConfigMap") || !e.evicted("other") {
+		t.Errorf("a pod the checkpoint does not record, under a retired key: %v", err)
+	}
+	// A reservation that differs from the record is refused too.
+	p := e.get("p")
+	p.Annotations[api.MigReservationsAnnotation] = strings.Replace(p.Annotations[api.MigReservationsAnnotation], `"start":0`, `"start":2`, 1)
+	if _, err := e.client.CoreV1().Pods("default").Update(e.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.start(ids); err == nil || !e.evicted("p") {
+		t.Errorf("a reservation changed since it was recorded, under a retired key: %v", err)
+	}
+}
