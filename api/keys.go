@@ -28,6 +28,9 @@ const (
 	AssignedNodeAnnotation      = "hami.io/vgpu-node"
 	BindTimeAnnotation          = "hami.io/bind-time"
 	BindPhaseAnnotation         = "hami.io/bind-phase"
+	// BindFailureAnnotation says why the node's device plugin gave up on the pod (with
+	// BindPhaseFailed); dynamig-scheduler then evicts the pod.
+	BindFailureAnnotation = "dynamig.io/bind-failure"
 )
 
 // Values of BindPhaseAnnotation.

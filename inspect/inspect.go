@@ -17,9 +17,6 @@ import (
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
 
-// BindFailureAnnotation is where the device plugin says why a reservation failed.
-const BindFailureAnnotation = "dynamig.io/bind-failure"
-
 // Cluster is the GPU side of a cluster at one moment.
 type Cluster struct {
 	Nodes []Node `json:"nodes"`
@@ -198,7 +195,7 @@ func buildPod(p *v1.Pod, resource v1.ResourceName) (Pod, bool) {
 	case p.Spec.NodeName == "":
 		out.State = "pending"
 	case p.Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed:
-		out.State, out.Reason = "failed", p.Annotations[BindFailureAnnotation]
+		out.State, out.Reason = "failed", p.Annotations[api.BindFailureAnnotation]
 	case p.Annotations[api.BindPhaseAnnotation] == api.BindPhaseSuccess:
 		out.State = "realised"
 	default:

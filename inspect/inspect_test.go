@@ -64,7 +64,7 @@ func TestBuild(t *testing.T) {
 	realised := rec(gpu, "2g.10gb", 4, 2)
 	realised.SetRuntime("MIG-9", 1, 0)
 	failed := migPod(t, "lost", "n1", api.BindPhaseFailed, rec(gpu, "1g.5gb", 6, 1))
-	failed.Annotations[BindFailureAnnotation] = "placement [6,7) is held by another pod's instance"
+	failed.Annotations[api.BindFailureAnnotation] = "placement [6,7) is held by another pod's instance"
 	ended := migPod(t, "done", "n1", api.BindPhaseSuccess, rec(gpu, "1g.5gb", 7, 1))
 	ended.Status.Phase = v1.PodSucceeded
 	pending := v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "waiting", Namespace: "default"}, Spec: v1.PodSpec{Containers: []v1.Container{{

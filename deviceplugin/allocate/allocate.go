@@ -130,7 +130,7 @@ func (e *failure) Unwrap() error { return e.err }
 // because marks an error the kubelet's retry may get past.
 func because(reason string, err error) error { return &failure{reason: reason, err: err} }
 
-// never marks an error no retry gets past: the pod is failed and evicted.
+// never marks an error no retry gets past: the pod is marked failed, and evicted by the scheduler.
 func never(reason string, err error) error { return &failure{reason: reason, final: true, err: err} }
 
 // onDevice notes the reservation a failure happened on.
@@ -166,8 +166,8 @@ func (a *Allocator) Allocate(_ context.Context, req *pluginapi.ContainerAllocate
 // writes their CDI specs; Normal events on the pod say what the container got. An error
 // keeps the kubelet from creating the container; it retries with backoff, and a Warning
 // event says why. A reservation that can never be realised here also fails the pod's bind
-// phase and evicts the pod, so its controller recreates it and the scheduler places it
-// elsewhere.
+// phase, and dynamig-scheduler evicts the pod, so its controller recreates it and the
+// scheduler places it elsewhere.
 func (a *Allocator) PreStartContainer(ctx context.Context, deviceIDs []string) error {
 	start := time.Now()
 	c, err := a.preStart(ctx, deviceIDs)

@@ -221,13 +221,16 @@ func (e *env) writes(verb, resource string) int {
 	return n
 }
 
-func (e *env) evicted(name string) bool {
+// gaveUp says whether the plugin gave the pod up: bind-phase failed with the reason, for
+// dynamig-scheduler to evict it; the plugin itself never evicts.
+func (e *env) gaveUp(name string) bool {
 	for _, a := range e.client.Actions() {
-		if c, ok := a.(clienttesting.CreateAction); ok && a.GetSubresource() == "eviction" && c.GetObject().(metav1.Object).GetName() == name {
-			return true
+		if a.GetSubresource() == "eviction" {
+			e.t.Fatalf("the device plugin evicted %s: node agents have no right to evict", name)
 		}
 	}
-	return false
+	p, err := e.client.CoreV1().Pods("default").Get(e.ctx, name, metav1.GetOptions{})
+	return err == nil && p.Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed && p.Annotations[api.BindFailureAnnotation] != ""
 }
 
 func pls(p ...api.Placement) []api.Placement { return p }
@@ -276,7 +279,7 @@ func TestSeedPreStart(t *testing.T) {
 	if err := e.a.PreStartContainer(e.ctx, []string{"GPU-x::9"}); err == nil || !strings.Contains(err.Error(), "no active container") {
 		t.Errorf("unattributable: %v", err)
 	}
-	if len(e.gis()) != 2 || e.evicted("gpu-pod1") {
+	if len(e.gis()) != 2 || e.gaveUp("gpu-pod1") {
 		t.Errorf("an unattributable call changed something")
 	}
 }
@@ -372,7 +375,7 @@ func TestContainersInAnyOrderAndLostWriteBack(t *testing.T) {
 	if !recs[0].Realized() || !recs[1].Realized() || recs[1].ContainerIndex != 2 || got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseSuccess {
 		t.Errorf("reservations: %+v, phase %q", recs, got.Annotations[api.BindPhaseAnnotation])
 	}
-	if e.evicted("p") {
+	if e.gaveUp("p") {
 		t.Error("a retriable failure evicted the pod")
 	}
 }
@@ -444,10 +447,10 @@ func TestForgedAndTamperedReservations(t *testing.T) {
 				t.Errorf("a refused reservation created instances: %+v", e.gis())
 			}
 			got := e.get("p")
-			if got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseFailed || !strings.Contains(got.Annotations[bindFailureAnnotation], tc.wantErr) {
-				t.Errorf("bind phase %q, failure %q", got.Annotations[api.BindPhaseAnnotation], got.Annotations[bindFailureAnnotation])
+			if got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseFailed || !strings.Contains(got.Annotations[api.BindFailureAnnotation], tc.wantErr) {
+				t.Errorf("bind phase %q, failure %q", got.Annotations[api.BindPhaseAnnotation], got.Annotations[api.BindFailureAnnotation])
 			}
-			if !e.evicted("p") {
+			if !e.gaveUp("p") {
 				t.Error("the pod was not evicted")
 			}
 			select {
@@ -555,7 +558,7 @@ func TestPreemptorWaitsForVictimAndDoubleBookingLoses(t *testing.T) {
 	if _, err := e.start(preemptor); err == nil || !strings.Contains(err.Error(), "going away") {
 		t.Fatalf("want a retriable wait for the victim: %v", err)
 	}
-	if e.evicted("preemptor") || e.get("preemptor").Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed {
+	if e.gaveUp("preemptor") || e.get("preemptor").Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed {
 		t.Error("a wait for a victim failed the preemptor")
 	}
 	go func() {
@@ -574,8 +577,8 @@ func TestPreemptorWaitsForVictimAndDoubleBookingLoses(t *testing.T) {
 	if _, err := e.start(loser); err == nil || !strings.Contains(err.Error(), "double-book") {
 		t.Errorf("overlap with a running pod: %v", err)
 	}
-	if !e.evicted("loser") || e.evicted("preemptor") {
-		t.Errorf("evicted: loser %v, winner %v", e.evicted("loser"), e.evicted("preemptor"))
+	if !e.gaveUp("loser") || e.gaveUp("preemptor") {
+		t.Errorf("evicted: loser %v, winner %v", e.gaveUp("loser"), e.gaveUp("preemptor"))
 	}
 	if gis := e.gis(); len(gis) != 1 || e.get("preemptor").Annotations[api.BindPhaseAnnotation] != api.BindPhaseSuccess {
 		t.Errorf("the winner was touched: %+v", gis)
@@ -592,7 +595,7 @@ func TestFailedComputeInstanceRollsBackAndIsRetried(t *testing.T) {
 	if len(e.gis()) != 0 || len(e.cp.Entries()) != 0 {
 		t.Fatalf("a failed create left state behind: %+v %+v", e.gis(), e.cp.Entries())
 	}
-	if e.evicted("p") {
+	if e.gaveUp("p") {
 		t.Error("a create failure is retried by the kubelet, not evicted")
 	}
 	if _, err := e.start(ids); err != nil || len(e.gis()) != 1 {
@@ -614,7 +617,7 @@ func TestForeignInstanceRollsBackTheFirstDevice(t *testing.T) {
 	if gis := e.gis(); len(gis) != 1 || gis[0].Placement != at(2, 2) {
 		t.Errorf("the first device must be rolled back and the foreign instance left alone: %+v", gis)
 	}
-	if !e.evicted("p") {
+	if !e.gaveUp("p") {
 		t.Error("a placement held by a foreign instance can never be realised: evict")
 	}
 }
@@ -809,7 +812,7 @@ func TestCheckpointWriteFailureRefusesTheCreate(t *testing.T) {
 			if gis := e.gis(); len(gis) != 0 {
 				t.Errorf("no instance may be left behind: %+v", gis)
 			}
-			if e.evicted("p") {
+			if e.gaveUp("p") {
 				t.Error("a checkpoint failure is retried by the kubelet, not evicted")
 			}
 			if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -836,7 +839,7 @@ func TestFailMarksOnlyItsOwnPod(t *testing.T) {
 	}
 	e.podWithUID("y", "uid-y-2", pls(at(2, 2)))
 	e.a.fail(e.ctx, gone, `container "c0"`, errors.New("cannot be realised"))
-	if got := e.get("y"); got.Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed || got.Annotations[bindFailureAnnotation] != "" {
+	if got := e.get("y"); got.Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed || got.Annotations[api.BindFailureAnnotation] != "" {
 		t.Errorf("the pod that took the name was marked failed: %v", got.Annotations)
 	}
 	// Its own pod is marked, however often it changed since it was read.
@@ -845,7 +848,7 @@ func TestFailMarksOnlyItsOwnPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.a.fail(e.ctx, own, `container "c0"`, errors.New("cannot be realised"))
-	if got := e.get("y"); got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseFailed || got.Annotations[bindFailureAnnotation] != "cannot be realised" {
+	if got := e.get("y"); got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseFailed || got.Annotations[api.BindFailureAnnotation] != "cannot be realised" {
 		t.Errorf("its own pod: %v", got.Annotations)
 	}
 }
@@ -866,7 +869,7 @@ func TestLostGPUAtAContainerRestart(t *testing.T) {
 	if _, err := e.start(ids); err == nil || !strings.Contains(err.Error(), "GPU_IS_LOST") {
 		t.Fatalf("want the lost GPU's NVML error: %v", err)
 	}
-	if e.evicted("p") || e.get("p").Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed {
+	if e.gaveUp("p") || e.get("p").Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed {
 		t.Fatal("a lost GPU at a container restart failed the pod")
 	}
 	e.sim.RecoverGPU(0)
@@ -882,7 +885,7 @@ func TestLostGPUAtAContainerRestart(t *testing.T) {
 	bad.Annotations[api.MigReservationsAnnotation] = raw
 	bad.Name, bad.UID = "bad2", "uid-bad2"
 	e.create(bad)
-	if _, err := e.start(e.admit(bad, "c0", 1)); err == nil || !e.evicted("bad2") {
+	if _, err := e.start(e.admit(bad, "c0", 1)); err == nil || !e.gaveUp("bad2") {
 		t.Errorf("a profile the GPU lacks must fail the pod: %v", err)
 	}
 }
@@ -979,19 +982,19 @@ func TestRetiredKeyAdoptsWhatTheCheckpointRecords(t *testing.T) {
 	}
 	e.a.opts.Verifier = signing.NewStaticVerifier(newKey.Public().(ed25519.PublicKey)) // the old key retired
 	again, err := e.start(ids)
-	if err != nil || again["NVIDIA_VISIBLE_DEVICES"] != first["NVIDIA_VISIBLE_DEVICES"] || e.evicted("p") {
-		t.Fatalf("a restart under a retired key: %v %v (evicted %v)", again, err, e.evicted("p"))
+	if err != nil || again["NVIDIA_VISIBLE_DEVICES"] != first["NVIDIA_VISIBLE_DEVICES"] || e.gaveUp("p") {
+		t.Fatalf("a restart under a retired key: %v %v (evicted %v)", again, err, e.gaveUp("p"))
 	}
 	// The node reboots: the instance is gone and made again at the recorded placement.
 	if err := e.sim.LoseGpuInstance(0, e.gis()[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.start(ids); err != nil || len(e.gis()) != 1 || e.evicted("p") {
+	if _, err := e.start(ids); err != nil || len(e.gis()) != 1 || e.gaveUp("p") {
 		t.Fatalf("a reboot under a retired key: %v %+v", err, e.gis())
 	}
 	// No record for this pod: the retired key is refused.
 	other := e.admit(e.pod("other", pls(at(4, 4))), "c0", 1)
-	if _, err := e.start(other); err == nil || !strings.Contains(err.Error(), "not in ConfigMap") || !e.evicted("other") {
+	if _, err := e.start(other); err == nil || !strings.Contains(err.Error(), "not in ConfigMap") || !e.gaveUp("other") {
 		t.Errorf("a pod the checkpoint does not record, under a retired key: %v", err)
 	}
 	// A reservation that differs from the record is refused too.
@@ -1000,7 +1003,7 @@ func TestRetiredKeyAdoptsWhatTheCheckpointRecords(t *testing.T) {
 	if _, err := e.client.CoreV1().Pods("default").Update(e.ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.start(ids); err == nil || !e.evicted("p") {
+	if _, err := e.start(ids); err == nil || !e.gaveUp("p") {
 		t.Errorf("a reservation changed since it was recorded, under a retired key: %v", err)
 	}
 }

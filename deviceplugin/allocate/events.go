@@ -29,7 +29,7 @@ const (
 	// a pod being deleted; the kubelet retries.
 	ReasonPlacementBusy = "PlacementBusy"
 	// ReasonUnrealisable (Warning): the reservation can never be realised on its node; the
-	// pod is failed and evicted.
+	// pod is marked failed, and evicted by dynamig-scheduler.
 	ReasonUnrealisable = "ReservationNotRealisable"
 )
 

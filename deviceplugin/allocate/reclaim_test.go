@@ -237,7 +237,7 @@ func TestHalfDestroyedInstanceIsDestroyedNotForgotten(t *testing.T) {
 	if gis := e.gis(); len(gis) != 0 || len(e.cp.Entries()) != 0 {
 		t.Fatalf("the next pass must destroy what is left, then forget the entry: %+v %+v", gis, e.cp.Entries())
 	}
-	if _, err := e.start(e.admit(e.pod("b", pls(at(0, 2))), "c0", 1)); err != nil || e.evicted("b") {
+	if _, err := e.start(e.admit(e.pod("b", pls(at(0, 2))), "c0", 1)); err != nil || e.gaveUp("b") {
 		t.Fatalf("the next pod at the placement: %v", err)
 	}
 }
@@ -266,8 +266,8 @@ func TestHalfUndoneInstanceIsRedone(t *testing.T) {
 	if gis := e.gis(); len(gis) != 1 || len(gis[0].ComputeInstances) != 0 || len(e.cp.Entries()) != 1 {
 		t.Fatalf("want the first device's GPU instance without its compute instance, and its entry: %+v %+v", gis, e.cp.Entries())
 	}
-	if _, err := e.start(ids); err != nil || e.evicted("p") {
-		t.Fatalf("the retry must redo the container's devices: %v (evicted %v)", err, e.evicted("p"))
+	if _, err := e.start(ids); err != nil || e.gaveUp("p") {
+		t.Fatalf("the retry must redo the container's devices: %v (evicted %v)", err, e.gaveUp("p"))
 	}
 	if gis := e.gis(); len(gis) != 2 || len(gis[0].ComputeInstances) != 1 || len(gis[1].ComputeInstances) != 1 {
 		t.Errorf("instances: %+v", gis)

@@ -10,8 +10,6 @@ import (
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -103,19 +101,18 @@ func (a *Allocator) patchAnnotations(ctx context.Context, pod *v1.Pod, annotatio
 // jsonPointerEscaper escapes an annotation key as a JSON Pointer segment (RFC 6901).
 var jsonPointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
 
-// bindFailureAnnotation says why the device plugin gave up on a pod.
-const bindFailureAnnotation = "dynamig.io/bind-failure"
-
 // fail gives up on a pod whose reservation can never be realised here: a Warning event
-// says why (what names the container and device), bind-phase failed records it on the pod,
-// and the pod is evicted (the Eviction API, so disruption budgets hold) for its controller
-// to recreate and the scheduler to place elsewhere.
+// says why (what names the container and device), and bind-phase failed with
+// dynamig.io/bind-failure records it on the pod. dynamig-scheduler then evicts the pod (the
+// Eviction API, so disruption budgets hold) for its controller to recreate and the scheduler
+// to place elsewhere: a node agent has no right to evict, since that right could not be
+// narrowed to its own node's pods.
 func (a *Allocator) fail(ctx context.Context, pod *v1.Pod, what string, cause error) {
 	logger := klog.FromContext(ctx)
-	logger.Error(cause, "Reservation cannot be realised; evicting the pod", "pod", klog.KObj(pod), "target", what)
+	logger.Error(cause, "Reservation cannot be realised; marking the pod failed for dynamig-scheduler to evict", "pod", klog.KObj(pod), "target", what)
 	a.eventf(pod, v1.EventTypeWarning, ReasonUnrealisable, "Evicting: %s: %v", what, cause)
 	// Through patchAnnotations, so a pod that took the name meanwhile is never marked.
-	annotations := map[string]string{api.BindPhaseAnnotation: api.BindPhaseFailed, bindFailureAnnotation: cause.Error()}
+	annotations := map[string]string{api.BindPhaseAnnotation: api.BindPhaseFailed, api.BindFailureAnnotation: cause.Error()}
 	marked, err := pod, error(nil)
 	for attempt := 0; attempt < 5; attempt++ {
 		if marked, err = a.patchAnnotations(ctx, marked, annotations); !errors.Is(err, errPodChanged) {
@@ -124,10 +121,5 @@ func (a *Allocator) fail(ctx context.Context, pod *v1.Pod, what string, cause er
 	}
 	if err != nil {
 		logger.Error(err, "Marking the bind phase failed", "pod", klog.KObj(pod))
-	}
-	eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
-		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}}}
-	if err := a.opts.Client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, eviction); err != nil && !apierrors.IsNotFound(err) {
-		logger.Error(err, "Evicting the pod", "pod", klog.KObj(pod))
 	}
 }

@@ -137,11 +137,14 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 	}); err != nil {
 		return nil, fmt.Errorf("%s: watching nodes: %w", Name, err)
 	}
-	// Drop in-flight reservations, scheduling attempts and heartbeat waits of deleted pods. Bound pods'
-	// reservations are dropped when a NodeInfo shows the pod with its annotation
-	// (addOccupancy): dropping them on the informer's update could race the scheduler cache,
-	// which may still hold the assumed pod.
+	// Evict the pods a device plugin gave up on; drop in-flight reservations, scheduling
+	// attempts and heartbeat waits of deleted pods. Bound pods' reservations are dropped when
+	// a NodeInfo shows the pod with its annotation (addOccupancy): dropping them on the
+	// informer's update could race the scheduler cache, which may still hold the assumed pod.
+	evictions := newEvictor(pl.client)
 	if _, err := h.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    evictions.onPod,
+		UpdateFunc: func(_, obj any) { evictions.onPod(obj) },
 		DeleteFunc: func(obj any) {
 			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = tomb.Obj
@@ -156,6 +159,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 		return nil, fmt.Errorf("%s: watching pods: %w", Name, err)
 	}
 	go pl.loadSigningKey(ctx)
+	go evictions.run(klog.NewContext(ctx, logger.WithName(Name)))
 	return pl, nil
 }
 

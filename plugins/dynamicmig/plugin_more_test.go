@@ -2,6 +2,7 @@ package dynamicmig
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,8 +12,10 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
@@ -358,6 +361,44 @@ func TestHeartbeatWaitersForgetDeletedPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { _, waiting := e.pl.heartbeatWaiters.Load(pod.UID); return !waiting })
+}
+
+// TestEvictsPodsTheDevicePluginGaveUp: a node's device plugin marks a pod whose reservation
+// can never be realised there (bind-phase failed, dynamig.io/bind-failure); the scheduler
+// evicts it, by UID, and nothing else: not a pod merely failed by its bind phase, nor one
+// already going away.
+func TestEvictsPodsTheDevicePluginGaveUp(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
+	bound := func(name string, annotations map[string]string) *v1.Pod {
+		p := gpuPod(name, api.ModeMIG, [2]int{1, 4000})
+		p.Spec.NodeName = "n"
+		maps.Copy(p.Annotations, annotations)
+		if _, err := e.client.CoreV1().Pods(p.Namespace).Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	given := bound("given-up", map[string]string{api.BindPhaseAnnotation: api.BindPhaseFailed, api.BindFailureAnnotation: "placement [0,2) overlaps the instance of running pod default/x"})
+	bound("failed-bind-only", map[string]string{api.BindPhaseAnnotation: api.BindPhaseFailed})
+	bound("running", map[string]string{api.BindPhaseAnnotation: api.BindPhaseSuccess})
+	evicted := func() []string {
+		var names []string
+		for _, a := range e.client.Actions() {
+			if c, ok := a.(clienttesting.CreateAction); ok && a.GetSubresource() == "eviction" {
+				ev := c.GetObject().(*policyv1.Eviction)
+				if ev.DeleteOptions == nil || ev.DeleteOptions.Preconditions == nil || *ev.DeleteOptions.Preconditions.UID != given.UID {
+					t.Errorf("an eviction without the pod's UID as precondition: %+v", ev.DeleteOptions)
+				}
+				names = append(names, ev.Name)
+			}
+		}
+		return names
+	}
+	waitFor(t, func() bool { return len(evicted()) > 0 })
+	time.Sleep(100 * time.Millisecond)
+	if got := evicted(); !slices.Equal(got, []string{"given-up"}) {
+		t.Errorf("evicted %v, want only given-up", got)
+	}
 }
 
 func TestSignPodAndSkips(t *testing.T) {

@@ -98,6 +98,7 @@ func TestAdmissionPolicies(t *testing.T) {
 	t.Run("refused", func(t *testing.T) { testRefused(ctx, t, c) })
 	t.Run("allowed", func(t *testing.T) { testAllowed(ctx, t, c) })
 	t.Run("own node", func(t *testing.T) { testOwnNode(ctx, t, c) })
+	t.Run("nvidia env", func(t *testing.T) { testNvidiaEnv(ctx, t, c) })
 	t.Run("rbac", func(t *testing.T) { testRBAC(ctx, t, c.admin) })
 }
 
@@ -124,8 +125,8 @@ func applyPolicies(ctx context.Context, t *testing.T, admin kubernetes.Interface
 			}
 		}
 	}
-	if len(policies) != 4 || bindings != 4 {
-		t.Fatalf("%s: %d policies and %d bindings, want 4 and 4", installFile, len(policies), bindings)
+	if len(policies) != 5 || bindings != 5 {
+		t.Fatalf("%s: %d policies and %d bindings, want 5 and 5", installFile, len(policies), bindings)
 	}
 	return policies
 }
@@ -174,6 +175,12 @@ func waitEffective(ctx context.Context, t *testing.T, c clients) {
 		},
 		"dynamig-binding-reservations": func() error {
 			return c.admin.CoreV1().Pods(ns).Bind(ctx, reservationBinding("probe-bound", bound.UID), dry)
+		},
+		"dynamig-nvidia-env": func() error {
+			p := cpuPod("probe", "default-scheduler", "")
+			p.Spec.Containers[0].Env = []v1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}
+			_, err := c.admin.CoreV1().Pods(ns).Create(ctx, p, dry)
+			return err
 		},
 	}
 	deadline := time.Now().Add(time.Minute)

@@ -2,11 +2,13 @@ package admission
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,6 +24,11 @@ func testOwnNode(ctx context.Context, t *testing.T, c clients) {
 		if _, err := c.admin.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
+	}
+	// migNode carries a taint its device plugin must not drop.
+	if _, err := c.admin.CoreV1().Nodes().Patch(ctx, migNode, types.MergePatchType,
+		[]byte(`{"spec":{"taints":[{"key":"nvidia.com/gpu","value":"present","effect":"NoSchedule"}]}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	// A reserved GPU pod on migNode, and a CPU pod on otherNode.
 	onMig := createReserved(ctx, t, c, "own-node-target")
@@ -71,6 +78,40 @@ func testOwnNode(ctx context.Context, t *testing.T, c clients) {
 			_, err := c.otherDevicePlugin.CoordinationV1().Leases(api.DefaultSystemNamespace).Create(ctx, lease(migNode), metav1.CreateOptions{})
 			return err
 		}, "may write only the Lease " + api.HeartbeatLeaseName(otherNode) + ", not " + api.HeartbeatLeaseName(migNode), false},
+		// On its own node, only its own fields.
+		{"a control-plane label on its own Node", func() error {
+			_, err := c.devicePlugin.CoreV1().Nodes().Patch(ctx, migNode, types.MergePatchType,
+				[]byte(`{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":""}}}`), metav1.PatchOptions{})
+			return err
+		}, "may change only the annotation hami.io/node-nvidia-register of its Node; this request changes labels", false},
+		{"a node-restriction label on its own Node", func() error {
+			_, err := c.devicePlugin.CoreV1().Nodes().Patch(ctx, migNode, types.MergePatchType,
+				[]byte(`{"metadata":{"labels":{"node-restriction.kubernetes.io/x":"y"}}}`), metav1.PatchOptions{})
+			return err
+		}, "this request changes labels", false},
+		{"its own Node's taints dropped", func() error {
+			_, err := c.devicePlugin.CoreV1().Nodes().Patch(ctx, migNode, types.MergePatchType, []byte(`{"spec":{"taints":null}}`), metav1.PatchOptions{})
+			return err
+		}, "this request changes spec", false},
+		{"another annotation of its own Node", func() error {
+			_, err := c.devicePlugin.CoreV1().Nodes().Patch(ctx, migNode, types.MergePatchType, annotationsPatch(map[string]any{"example.com/x": "y"}), metav1.PatchOptions{})
+			return err
+		}, "this request changes annotation example.com/x", false},
+		{"its own node's pod relabelled", func() error {
+			_, err := c.devicePlugin.CoreV1().Pods(ns).Patch(ctx, onMig.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"app":"payments"}}}`), metav1.PatchOptions{})
+			return err
+		}, "may change only the reservation keys and dynamig.io/bind-failure of its pods; this request changes labels", false},
+		{"another annotation of its own node's pod", func() error {
+			_, err := c.devicePlugin.CoreV1().Pods(ns).Patch(ctx, onMig.Name, types.MergePatchType, annotationsPatch(map[string]any{"example.com/x": "y"}), metav1.PatchOptions{})
+			return err
+		}, "this request changes annotation example.com/x", false},
+		{"a pod created on its own node", func() error {
+			_, err := c.devicePlugin.CoreV1().Pods(ns).Create(ctx, cpuPod("own-node-created", "other-scheduler", migNode), metav1.CreateOptions{})
+			return err
+		}, `cannot create resource "pods"`, true},
+		{"a pod of its own node evicted", func() error {
+			return c.devicePlugin.PolicyV1().Evictions(ns).Evict(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: onMig.Name}})
+		}, `cannot create resource "pods/eviction"`, true},
 		{"a credential without a node patches a pod", func() error {
 			_, err := c.nodelessDevicePlugin.CoreV1().Pods(ns).Patch(ctx, onMig.Name, types.MergePatchType, writeBack, metav1.PatchOptions{})
 			return err
@@ -93,6 +134,13 @@ func testOwnNode(ctx context.Context, t *testing.T, c clients) {
 		})
 	}
 	// Nothing of the refused writes landed.
+	n, err := c.admin.CoreV1().Nodes().Get(ctx, migNode, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, cp := n.Labels["node-role.kubernetes.io/control-plane"]; len(n.Spec.Taints) != 1 || cp || n.Annotations["example.com/x"] != "" {
+		t.Errorf("the refused writes changed the Node: %v %v %v", n.Spec.Taints, n.Labels, n.Annotations)
+	}
 	got, err := c.admin.CoreV1().Pods(ns).Get(ctx, onMig.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +168,33 @@ func testOwnNode(ctx context.Context, t *testing.T, c clients) {
 		{"reservation keys of its own node's pod", func() error {
 			_, err := c.devicePlugin.CoreV1().Pods(ns).Patch(ctx, onMig.Name, types.MergePatchType, writeBack, metav1.PatchOptions{})
 			return err
+		}},
+		// The device plugin's own patches: JSON patches whose test operations hold them to
+		// the pod's UID and resourceVersion (deviceplugin/allocate patchAnnotations).
+		{"bind-phase failed with the reason, held to the pod's UID", func() error {
+			p, err := c.admin.CoreV1().Pods(ns).Get(ctx, onMig.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			_, err = c.devicePlugin.CoreV1().Pods(ns).Patch(ctx, onMig.Name, types.JSONPatchType, []byte(fmt.Sprintf(`[
+				{"op":"test","path":"/metadata/uid","value":%q},
+				{"op":"test","path":"/metadata/resourceVersion","value":%q},
+				{"op":"add","path":"/metadata/annotations/dynamig.io~1bind-failure","value":"x"},
+				{"op":"add","path":"/metadata/annotations/hami.io~1bind-phase","value":"failed"}]`, p.UID, p.ResourceVersion)), metav1.PatchOptions{})
+			if err != nil {
+				return err
+			}
+			// The same patch for a pod of another UID is refused, and writes nothing.
+			_, err = c.devicePlugin.CoreV1().Pods(ns).Patch(ctx, onMig.Name, types.JSONPatchType,
+				[]byte(`[{"op":"test","path":"/metadata/uid","value":"another-uid"},{"op":"add","path":"/metadata/annotations/dynamig.io~1bind-failure","value":"y"}]`), metav1.PatchOptions{})
+			if err == nil {
+				return fmt.Errorf("a patch held to another UID was applied")
+			}
+			got, gerr := c.admin.CoreV1().Pods(ns).Get(ctx, onMig.Name, metav1.GetOptions{})
+			if gerr != nil || got.Annotations[bindFailure] != "x" {
+				return fmt.Errorf("after the refused patch: %v %v", got.Annotations, gerr)
+			}
+			return nil
 		}},
 	}
 	for _, tc := range allowed {

@@ -28,6 +28,8 @@ func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 	cases := map[string][]check{
 		cluster.UserScheduler: {
 			{verb: "create", resource: "pods", subresource: "binding", namespace: "team-a", allowed: true},
+			// It evicts the pods a device plugin marked failed.
+			{verb: "create", resource: "pods", subresource: "eviction", namespace: "team-a", allowed: true},
 			{verb: "list", resource: "nodes", allowed: true},
 			{verb: "watch", resource: "pods", allowed: true},
 			{verb: "create", resource: "events", namespace: "team-a", allowed: true},
@@ -65,8 +67,10 @@ func testRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
 			{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
 			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
 			{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
-			// It evicts a pod whose reservation can never be realised, and says why in events.
-			{verb: "create", resource: "pods", subresource: "eviction", namespace: "team-a", allowed: true},
+			// It says in events why a pod's reservation can never be realised; it evicts
+			// nothing (the scheduler evicts the pods it marks failed): an eviction right
+			// could not be narrowed to its own node.
+			{verb: "create", resource: "pods", subresource: "eviction", namespace: "team-a"},
 			{verb: "create", resource: "events", namespace: "team-a", allowed: true},
 			{verb: "patch", resource: "events", namespace: "team-a", allowed: true},
 			{verb: "create", group: "events.k8s.io", resource: "events", namespace: "team-a", allowed: true},
