@@ -637,8 +637,9 @@ func TestNodeRestarts(t *testing.T) {
 // TestInFlightBindingLoses is the review's scenario without a Lease: a Binding from a
 // previous scheduler instance (signed with the same key) lands after the new scheduler
 // gave the same placement to a pod that already runs. Never two live instances on one
-// placement: the late pod's PreStartContainer finds the placement held by a running pod,
-// fails it with the reason and evicts it; the winner is untouched. Recreated, as its
+// placement: the late pod's PreStartContainer finds the placement held by a running pod and
+// marks it failed with the reason; dynamig-scheduler evicts it (no node agent may evict);
+// the winner is untouched. Recreated, as its
 // controller would, the loser is placed and runs beside the winner.
 func TestInFlightBindingLoses(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
@@ -872,7 +873,8 @@ func (w *world) schedulerKey() ed25519.PrivateKey {
 }
 
 // evictedBecause waits for the device plugin's Warning event on the pod (of that UID)
-// saying why its reservation cannot be realised, and for the pod's eviction.
+// saying why its reservation cannot be realised, and for the pod's eviction (by
+// dynamig-scheduler, which evicts the pods a device plugin marked failed).
 func (w *world) evictedBecause(name string, uid types.UID, why string) {
 	w.T.Helper()
 	w.WaitFor(name+" evicted with the reason", 60*time.Second, func() (bool, string) {

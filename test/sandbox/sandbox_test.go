@@ -214,7 +214,7 @@ func TestSandbox(t *testing.T) {
 
 	// A GPU pod that bypassed the scheduler (nodeName at creation, no reservation) gets no
 	// instance: PreStartContainer finds nothing signed to realise, says why in a Warning
-	// event and evicts the pod.
+	// event and marks the pod failed, and the scheduler evicts it.
 	bad := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bypass"}, Spec: v1.PodSpec{NodeName: "mig-node", Containers: []v1.Container{{Name: "main", Image: "ubuntu:22.04",
 		Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("1")}}}}}}
 	if _, err := s.CreatePods(ctx, bad); err == nil {
