@@ -153,9 +153,14 @@ type container struct {
 
 // Allocate answers each device ID with its CDI device name and creates nothing: the
 // container's devices are realised at PreStartContainer, when the kubelet can say whose
-// they are.
+// they are. It also answers NVIDIA_VISIBLE_DEVICES=void: the kubelet passes it to the
+// runtime as the container's own environment, which replaces the image's (CUDA images set
+// all) and which the CDI spec's NVIDIA_VISIBLE_DEVICES replaces in turn when the runtime
+// applies CDI (the CDI library's edits replace a variable of the same name). A runtime that
+// ignores CDI names (containerd 1.7 with enable_cdi = false) so starts the container with
+// no GPU, never with every GPU of the node or another pod's.
 func (a *Allocator) Allocate(_ context.Context, req *pluginapi.ContainerAllocateRequest) (*pluginapi.ContainerAllocateResponse, error) {
-	resp := &pluginapi.ContainerAllocateResponse{}
+	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{cdi.VisibleDevicesEnv: cdi.NoDevices}}
 	for _, id := range req.GetDevicesIds() {
 		resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: cdi.QualifiedName(a.opts.NodeName, id)})
 	}

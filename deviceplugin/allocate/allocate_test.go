@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -167,16 +168,24 @@ func (e *env) admit(p *v1.Pod, container string, n int) []string {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if len(resp.CdiDevices) != n || len(resp.Envs) != 0 {
-		e.t.Fatalf("Allocate must answer one CDI name per device and nothing else: %+v", resp)
+	if len(resp.CdiDevices) != n || len(resp.Envs) != 1 || resp.Envs[cdi.VisibleDevicesEnv] != cdi.NoDevices {
+		e.t.Fatalf("Allocate must answer one CDI name per device and NVIDIA_VISIBLE_DEVICES=void: %+v", resp)
 	}
 	e.owners[strings.Join(slices.Sorted(slices.Values(ids)), ",")] = podresources.Owner{Namespace: p.Namespace, Pod: p.Name, Container: container}
 	return ids
 }
 
-// start is the kubelet starting the container: PreStartContainer, then the runtime resolves
-// the CDI names as containerd does. It returns the container's environment.
+// start is the kubelet starting the container: PreStartContainer, then the runtime makes
+// the container's environment as containerd does: a CUDA image's own
+// (NVIDIA_VISIBLE_DEVICES=all), replaced by the kubelet's (Allocate's answer), then the CDI
+// names resolved with the CDI library containerd uses. It returns the environment.
 func (e *env) start(ids []string) (map[string]string, error) {
+	return e.startOn(ids, true)
+}
+
+// startOn is start on a runtime that applies CDI, or ignores the CDI names (containerd 1.7
+// with enable_cdi = false).
+func (e *env) startOn(ids []string, cdiOn bool) (map[string]string, error) {
 	if err := e.a.PreStartContainer(e.ctx, ids); err != nil {
 		return nil, err
 	}
@@ -184,13 +193,23 @@ func (e *env) start(ids []string) (map[string]string, error) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	spec := &oci.Spec{Process: &oci.Process{}}
+	resp, err := e.a.Allocate(e.ctx, &pluginapi.ContainerAllocateRequest{DevicesIds: ids})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	spec := &oci.Spec{Process: &oci.Process{Env: []string{"PATH=/usr/bin", cdi.VisibleDevicesEnv + "=all"}}}
+	for _, k := range slices.Sorted(maps.Keys(resp.Envs)) { // containerd: the CRI config's env replaces the image's
+		spec.Process.Env = slices.DeleteFunc(spec.Process.Env, func(kv string) bool { return strings.HasPrefix(kv, k+"=") })
+		spec.Process.Env = append(spec.Process.Env, k+"="+resp.Envs[k])
+	}
 	var names []string
 	for _, id := range ids {
 		names = append(names, cdi.QualifiedName(node, id))
 	}
-	if _, err := c.InjectDevices(spec, names...); err != nil {
-		e.t.Fatalf("the runtime cannot resolve %v after PreStartContainer: %v", names, err)
+	if cdiOn {
+		if _, err := c.InjectDevices(spec, names...); err != nil {
+			e.t.Fatalf("the runtime cannot resolve %v after PreStartContainer: %v", names, err)
+		}
 	}
 	env := map[string]string{}
 	for _, kv := range spec.Process.Env {
@@ -850,6 +869,30 @@ func TestFailMarksOnlyItsOwnPod(t *testing.T) {
 	e.a.fail(e.ctx, own, `container "c0"`, errors.New("cannot be realised"))
 	if got := e.get("y"); got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseFailed || got.Annotations[api.BindFailureAnnotation] != "cannot be realised" {
 		t.Errorf("its own pod: %v", got.Annotations)
+	}
+}
+
+// TestCDIOffGivesNoGPU: a CUDA image sets NVIDIA_VISIBLE_DEVICES=all. On a runtime that
+// applies CDI the container sees exactly its own MIG device (the spec's variable replaces
+// Allocate's void, which replaced the image's all); on one that ignores the CDI names it sees
+// void: no GPU, never every GPU of the node nor another pod's.
+func TestCDIOffGivesNoGPU(t *testing.T) {
+	e := newEnv(t)
+	ids := e.admit(e.pod("p", pls(at(0, 2))), "c0", 1)
+	on, err := e.startOn(ids, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, _ := api.DecodeMigReservations(e.get("p").Annotations[api.MigReservationsAnnotation])
+	if on[cdi.VisibleDevicesEnv] != recs[0].MigUUID {
+		t.Errorf("CDI on: %s=%q, want its MIG UUID %s", cdi.VisibleDevicesEnv, on[cdi.VisibleDevicesEnv], recs[0].MigUUID)
+	}
+	off, err := e.startOn(ids, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off[cdi.VisibleDevicesEnv] != cdi.NoDevices {
+		t.Errorf("CDI off: %s=%q, want %s", cdi.VisibleDevicesEnv, off[cdi.VisibleDevicesEnv], cdi.NoDevices)
 	}
 }
 

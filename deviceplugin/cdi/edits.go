@@ -13,6 +13,9 @@ import (
 // informational, the spec carrying the devices themselves.
 const VisibleDevicesEnv = "NVIDIA_VISIBLE_DEVICES"
 
+// NoDevices is VisibleDevicesEnv's value for no GPU at all.
+const NoDevices = "void"
+
 // DeviceEdits says what a container gets for its devices, by UUID (MIG or GPU).
 type DeviceEdits interface {
 	Edits(uuids []string) (specs.ContainerEdits, error)
