@@ -7,6 +7,7 @@ package nvml
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/dynamig/dynamig/api"
 )
@@ -20,6 +21,40 @@ type Interface interface {
 	DriverVersion() (string, error)
 	DeviceCount() (int, error)
 	DeviceByIndex(index int) (Device, error)
+	// NewEventSet makes an empty event set (nvmlEventSetCreate).
+	NewEventSet() (EventSet, error)
+}
+
+// EventType is a bit mask of NVML event types; the values are NVML's own.
+type EventType uint64
+
+// The event types GPU health is judged by.
+const (
+	EventSingleBitECCError EventType = 0x1
+	EventDoubleBitECCError EventType = 0x2
+	EventXidCriticalError  EventType = 0x8
+)
+
+// EventSet receives the events of the devices registered with it.
+type EventSet interface {
+	// Register adds the device's events of the types (a mask) to the set.
+	Register(d Device, types EventType) error
+	// Wait returns the next event, or an *Error with ErrorTimeout when none came within
+	// timeout.
+	Wait(timeout time.Duration) (Event, error)
+	Free() error
+}
+
+// Event is one NVML event.
+type Event struct {
+	// GPUUUID is the physical GPU it happened on.
+	GPUUUID string
+	Type    EventType
+	// Data is the XID of an EventXidCriticalError.
+	Data uint64
+	// GPUInstanceID and ComputeInstanceID locate it on a MIG device; -1 when it is not
+	// attributed to one.
+	GPUInstanceID, ComputeInstanceID int
 }
 
 // Device is one physical GPU.
@@ -51,6 +86,10 @@ type Device interface {
 	GpuInstanceByID(id int) (GpuInstance, error)
 	// MigDevices lists the MIG devices (one per compute instance).
 	MigDevices() ([]MigDevice, error)
+	// ResetPending says whether the GPU needs a reset after a hardware error: rows to remap
+	// or pages to retire wait for it, or a row remap failed. ErrorNotSupported where the GPU
+	// tells neither.
+	ResetPending() (bool, error)
 }
 
 // GpuInstanceProfile is what NVML reports for one GI profile.
@@ -118,6 +157,7 @@ const (
 	ErrorNotSupported    Return = 3
 	ErrorNoPermission    Return = 4
 	ErrorNotFound        Return = 6
+	ErrorTimeout         Return = 10
 	ErrorLibraryNotFound Return = 12
 	ErrorGPUIsLost       Return = 15
 	ErrorResetRequired   Return = 16
@@ -135,6 +175,7 @@ var returnNames = map[Return]string{
 	ErrorNotSupported:    "ERROR_NOT_SUPPORTED",
 	ErrorNoPermission:    "ERROR_NO_PERMISSION",
 	ErrorNotFound:        "ERROR_NOT_FOUND",
+	ErrorTimeout:         "ERROR_TIMEOUT",
 	ErrorLibraryNotFound: "ERROR_LIBRARY_NOT_FOUND",
 	ErrorGPUIsLost:       "ERROR_GPU_IS_LOST",
 	ErrorResetRequired:   "ERROR_RESET_REQUIRED",

@@ -31,6 +31,7 @@ import (
 	"github.com/dynamig/dynamig/deviceplugin/allocate"
 	"github.com/dynamig/dynamig/deviceplugin/cdi"
 	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
+	"github.com/dynamig/dynamig/deviceplugin/health"
 	"github.com/dynamig/dynamig/deviceplugin/instances"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
 	"github.com/dynamig/dynamig/deviceplugin/podresources"
@@ -54,9 +55,10 @@ type Options struct {
 	// CDISpecDir is where the containers' CDI specs are written (default /var/run/cdi).
 	CDISpecDir     string
 	LeaseNamespace string
-	// Intervals; zero means the package defaults.
-	InventoryInterval, HeartbeatInterval, ReclaimInterval time.Duration
-	PreemptionWait                                        time.Duration
+	// Intervals; zero means the package defaults. HealthRecheck is how often an unhealthy
+	// GPU is asked whether it is healthy again.
+	InventoryInterval, HeartbeatInterval, ReclaimInterval, HealthRecheck time.Duration
+	PreemptionWait                                                       time.Duration
 	// ReclaimUnknownInstances lets restart recovery destroy idle instances that dynamig did
 	// not create (operators opt in; by default they are only reported).
 	ReclaimUnknownInstances bool
@@ -70,6 +72,9 @@ type Options struct {
 	DeviceEdits cdi.DeviceEdits
 	// Clock is the node's clock (default: the real one).
 	Clock clock.PassiveClock
+	// IgnoredXIDs are the XIDs that leave a GPU healthy (default health.DefaultIgnoredXIDs;
+	// an empty, non-nil list ignores none).
+	IgnoredXIDs []uint64
 }
 
 // Run runs until ctx ends.
@@ -157,7 +162,15 @@ func Run(ctx context.Context, opts Options) error {
 			return fmt.Errorf("the informer of %v did not sync", typ)
 		}
 	}
-	pub := &publish.Publisher{Client: opts.Client, NodeName: opts.NodeName, NVML: opts.NVML, Config: opts.DeviceConfig, Unexplained: alloc.Unexplained}
+	ignored := opts.IgnoredXIDs
+	if ignored == nil {
+		ignored = health.DefaultIgnoredXIDs
+	}
+	monitor := health.New(opts.NVML, ignored)
+	if opts.HealthRecheck > 0 {
+		monitor.Recheck = opts.HealthRecheck
+	}
+	pub := &publish.Publisher{Client: opts.Client, NodeName: opts.NodeName, NVML: opts.NVML, Config: opts.DeviceConfig, Unexplained: alloc.Unexplained, Unhealthy: monitor.Unhealthy}
 	devs := &deviceList{changed: make(chan struct{}, 1)}
 	res, _, err := pub.Publish(ctx)
 	if err != nil {
@@ -179,6 +192,20 @@ func Run(ctx context.Context, opts Options) error {
 	publishNow := make(chan struct{}, 1)
 	run(func() {
 		publishLoop(ctx, pub, devs, opts.InventoryInterval, publishNow)
+	})
+	// A GPU's health changes: published at once (the kubelet and the scheduler stop placing
+	// pods there), and told in events on the Node and on the pods the GPU serves.
+	monitor.OnChange = func(c health.Change) {
+		healthEvents(ctx, recorder, opts.NodeName, pods.Lister(), c)
+		select {
+		case publishNow <- struct{}{}:
+		default:
+		}
+	}
+	run(func() {
+		if err := monitor.Run(ctx); err != nil {
+			logger.Error(err, "GPU health is judged by failing NVML calls only")
+		}
 	})
 	run(func() { heartbeat.Run(ctx, opts.HeartbeatInterval) })
 	run(func() { reclaimLoop(ctx, opts, alloc, factory, pods.Informer(), publishNow) })

@@ -43,6 +43,9 @@ type Publisher struct {
 	// Unexplained, if set, lists per GPU UUID the MIG instances no reservation explains;
 	// they are published with the inventory (api.GPU.Unexplained).
 	Unexplained func(context.Context) (map[string][]api.Instance, error)
+	// Unhealthy, if set, names the GPUs NVML's events made unhealthy (deviceplugin/health),
+	// with the reason of each: they are published unhealthy.
+	Unhealthy func() map[string]string
 	// last is the value this publisher last wrote or found, to tell a content change from
 	// someone else's edit in the log.
 	last string
@@ -67,6 +70,17 @@ func (p *Publisher) Publish(ctx context.Context) (*inventory.Result, bool, error
 		for i := range res.GPUs {
 			if g := &res.GPUs[i]; g.Mode == api.ModeMIG {
 				g.Unexplained = unexplained[g.ID]
+			}
+		}
+	}
+	if p.Unhealthy != nil {
+		unhealthy := p.Unhealthy()
+		for i := range res.GPUs {
+			if g := &res.GPUs[i]; g.Health {
+				if why, ok := unhealthy[g.ID]; ok {
+					g.Health = false
+					res.Findings = append(res.Findings, fmt.Sprintf("GPU %d (%s) is unhealthy: %s", g.Index, g.ID, why))
+				}
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -88,14 +89,14 @@ func TestToError(t *testing.T) {
 	for _, c := range []gonvml.Return{gonvml.ERROR_UNINITIALIZED, gonvml.ERROR_INVALID_ARGUMENT, gonvml.ERROR_NOT_SUPPORTED,
 		gonvml.ERROR_NO_PERMISSION, gonvml.ERROR_NOT_FOUND, gonvml.ERROR_LIBRARY_NOT_FOUND, gonvml.ERROR_GPU_IS_LOST,
 		gonvml.ERROR_RESET_REQUIRED, gonvml.ERROR_INSUFFICIENT_RESOURCES, gonvml.ERROR_ARGUMENT_VERSION_MISMATCH,
-		gonvml.ERROR_INVALID_STATE, gonvml.ERROR_UNKNOWN} {
+		gonvml.ERROR_INVALID_STATE, gonvml.ERROR_TIMEOUT, gonvml.ERROR_UNKNOWN} {
 		if !nvml.IsCode(toError(c, "op"), nvml.Return(c)) || nvml.Return(c).String() != "NVML_"+c.Error() {
 			t.Errorf("code %d: %v", c, toError(c, "op"))
 		}
 	}
 	// A code we do not name keeps its number and gets NVML's name as detail.
-	e = asError(t, toError(gonvml.ERROR_TIMEOUT, "op"))
-	if e.Code != 10 || e.Detail != "ERROR_TIMEOUT" {
+	e = asError(t, toError(gonvml.ERROR_MEMORY, "op"))
+	if e.Code != 20 || e.Detail != "ERROR_MEMORY" {
 		t.Fatalf("got %+v", e)
 	}
 }
@@ -543,5 +544,52 @@ func TestNumaNode(t *testing.T) {
 	}
 	if n, err := d.NumaNode(); err != nil || n != 3 {
 		t.Fatalf("sysfs: %d %v", n, err)
+	}
+}
+
+// TestEventsAndResetPending: an event set registers a device for the event mask and turns
+// NVML's event data into an nvml.Event (0xFFFFFFFF instance ids: not on a MIG device); the
+// reset state comes from row remapping, or page retirement where the GPU has none.
+func TestEventsAndResetPending(t *testing.T) {
+	dev := fakeA100()
+	var registered uint64
+	set := &mock.EventSet{
+		WaitFunc: func(uint32) (gonvml.EventData, gonvml.Return) {
+			return gonvml.EventData{Device: dev, EventType: uint64(nvml.EventXidCriticalError), EventData: 79, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}, gonvml.SUCCESS
+		},
+		FreeFunc: func() gonvml.Return { return gonvml.SUCCESS },
+	}
+	dev.RegisterEventsFunc = func(types uint64, _ gonvml.EventSet) gonvml.Return { registered = types; return gonvml.SUCCESS }
+	dev.GetRemappedRowsFunc = func() (int, int, bool, bool, gonvml.Return) { return 0, 0, false, false, gonvml.ERROR_NOT_SUPPORTED }
+	dev.GetRetiredPagesPendingStatusFunc = func() (gonvml.EnableState, gonvml.Return) { return gonvml.FEATURE_ENABLED, gonvml.SUCCESS }
+	lib := &mock.Interface{
+		InitFunc:                   func() gonvml.Return { return gonvml.SUCCESS },
+		DeviceGetHandleByIndexFunc: func(int) (gonvml.Device, gonvml.Return) { return dev, gonvml.SUCCESS },
+		EventSetCreateFunc:         func() (gonvml.EventSet, gonvml.Return) { return set, gonvml.SUCCESS },
+	}
+	b := New(withLibrary(lib))
+	if err := b.Init(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := b.DeviceByIndex(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, err := b.NewEventSet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := es.Register(d, nvml.EventXidCriticalError|nvml.EventDoubleBitECCError); err != nil || registered != 0xa {
+		t.Fatalf("registered %#x, %v", registered, err)
+	}
+	ev, err := es.Wait(time.Second)
+	if want := (nvml.Event{GPUUUID: "GPU-test", Type: nvml.EventXidCriticalError, Data: 79, GPUInstanceID: -1, ComputeInstanceID: -1}); err != nil || ev != want {
+		t.Errorf("event %+v, %v; want %+v", ev, err, want)
+	}
+	if pending, err := d.ResetPending(); err != nil || !pending {
+		t.Errorf("ResetPending = %v, %v; want the retired pages' pending state", pending, err)
+	}
+	if err := es.Free(); err != nil {
+		t.Error(err)
 	}
 }

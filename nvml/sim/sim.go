@@ -67,6 +67,8 @@ type Sim struct {
 	migCounter uint64
 	// firstCreate is when the first GPU-instance create was asked for.
 	firstCreate time.Time
+	// eventSets are the event sets made (NewEventSet), freed ones included.
+	eventSets []*eventSet
 }
 
 var _ nvml.Interface = (*Sim)(nil)
@@ -90,6 +92,8 @@ type gpuState struct {
 	afters map[Op]func()
 	// lost makes every call on the GPU but UUID answer ERROR_GPU_IS_LOST (LoseGPU).
 	lost bool
+	// resetPending is what ResetPending answers (SetResetPending).
+	resetPending bool
 	// creating serialises the GPU's creates while Options.CreateLatency passes; it is not
 	// guarded by Sim.mu (other calls go on meanwhile).
 	creating sync.Mutex

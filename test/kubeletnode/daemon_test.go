@@ -65,7 +65,7 @@ func TestDaemonOnTheRealKubelet(t *testing.T) {
 	go func() {
 		done <- daemon.Run(ctx, daemon.Options{NodeName: node, Client: client, NVML: s, DeviceConfig: cfg,
 			SocketDir: n.DevicePluginDir, PodResourcesSocket: n.PodResourcesSocket, CDISpecDir: n.CDIDir,
-			InventoryInterval: 200 * time.Millisecond, ReclaimInterval: time.Hour})
+			InventoryInterval: 200 * time.Millisecond, ReclaimInterval: time.Hour, HealthRecheck: 200 * time.Millisecond})
 	}()
 	defer func() {
 		cancel()
@@ -168,6 +168,34 @@ func TestDaemonOnTheRealKubelet(t *testing.T) {
 		!strings.Contains(text, `dynamig_device_plugin_prestart_duration_seconds_count{result="ok"} 1`) {
 		t.Errorf("metrics:\n%s", text)
 	}
+
+	// XID 79 on the GPU, a reset pending: its devices go unhealthy at the kubelet and in the
+	// inventory, and Warning events on the Node and the running pod say why; an application's
+	// XID (31) changes nothing. Healthy again when NVML no longer needs a reset.
+	s.InjectXID(0, 31, -1, -1)
+	s.SetResetPending(0, true)
+	s.InjectXID(0, 79, -1, -1)
+	waitDevices(t, client, node, api.ResourceCount, 7, 0)
+	nd, err = client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gpus, err := api.DecodeInventory(nd.Annotations[api.NodeInventoryAnnotation]); err != nil || len(gpus) != 1 || gpus[0].Health {
+		t.Errorf("inventory after XID 79: %v %v", gpus, err)
+	}
+	waitFor(t, "GPUUnhealthy events on the node and the pod", 30*time.Second, func() (bool, string) {
+		evs, err := client.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "reason=GPUUnhealthy"})
+		if err != nil {
+			return false, err.Error()
+		}
+		on := map[string]string{}
+		for _, e := range evs.Items {
+			on[e.InvolvedObject.Kind+"/"+e.InvolvedObject.Name] = e.Message
+		}
+		return strings.Contains(on["Node/"+node], "XID 79") && strings.Contains(on["Pod/gpu-pod1"], "XID 79"), fmt.Sprint(on)
+	})
+	s.SetResetPending(0, false)
+	waitDevices(t, client, node, api.ResourceCount, 7, 7)
 
 	// The pod is deleted: the kubelet stops it, and its instances are reclaimed.
 	if err := client.CoreV1().Pods("default").Delete(ctx, "gpu-pod1", metav1.DeleteOptions{}); err != nil {

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -23,6 +25,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/deviceplugin/cdi"
 	"github.com/dynamig/dynamig/deviceplugin/daemon"
+	"github.com/dynamig/dynamig/deviceplugin/health"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
 	"github.com/dynamig/dynamig/deviceplugin/podresources"
 )
@@ -48,6 +51,7 @@ type runOptions struct {
 	driverRoot     string
 	devRoot        string
 	cdiHookPath    string
+	ignoredXIDs    string
 }
 
 func newRunCommand(opts *options) *cobra.Command {
@@ -88,6 +92,11 @@ spec the container runtime resolves the names against.`,
 	f.StringVar(&o.driverRoot, "driver-root", "/", "with --device-edits=nvcdi: where the NVIDIA driver's files are, a host path the plugin sees at the same path")
 	f.StringVar(&o.devRoot, "dev-root", "/", "with --device-edits=nvcdi: where the driver's /dev is, a host path the plugin sees at the same path")
 	f.StringVar(&o.cdiHookPath, "nvidia-cdi-hook-path", "", "with --device-edits=nvcdi: nvidia-cdi-hook on the host (default: nvcdi's /usr/bin/nvidia-cdi-hook)")
+	defaultIgnored := make([]string, len(health.DefaultIgnoredXIDs))
+	for i, x := range health.DefaultIgnoredXIDs {
+		defaultIgnored[i] = strconv.FormatUint(x, 10)
+	}
+	f.StringVar(&o.ignoredXIDs, "ignored-xids", strings.Join(defaultIgnored, ","), `XIDs that leave a GPU healthy (an application causes them), comma-separated; "" ignores none. Every other critical XID, and a double-bit ECC error, makes the GPU unhealthy until NVML says no reset is pending. Default: NVIDIA's device plugin's list`)
 	f.BoolVar(&o.reclaimUnknown, "reclaim-unknown-instances", false, "at start, destroy idle MIG instances that dynamig did not create (default: report them and leave them)")
 	return cmd
 }
@@ -97,6 +106,10 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 		return usagef("--node-name is required (or NODE_NAME)")
 	}
 	edits, err := o.deviceEditsMode()
+	if err != nil {
+		return err
+	}
+	ignored, err := parseXIDs(o.ignoredXIDs)
 	if err != nil {
 		return err
 	}
@@ -152,7 +165,24 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 		logger.Info("Device config warning", "warning", w)
 	}
 	return daemon.Run(ctx, daemon.Options{NodeName: o.nodeName, Client: client, NVML: lib, DeviceConfig: cfg,
-		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, PodResourcesSocket: o.podResources, CDISpecDir: o.cdiSpecDir, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown, HAMiCoreHostDir: o.hamiCoreDir, EnableMIGMode: o.enableMIGMode, DeviceEdits: deviceEdits, Clock: o.clock})
+		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, PodResourcesSocket: o.podResources, CDISpecDir: o.cdiSpecDir, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown, HAMiCoreHostDir: o.hamiCoreDir, EnableMIGMode: o.enableMIGMode, DeviceEdits: deviceEdits, Clock: o.clock, IgnoredXIDs: ignored})
+}
+
+// parseXIDs reads --ignored-xids: comma-separated XIDs, "" for none (non-nil, so the daemon
+// ignores none rather than its default).
+func parseXIDs(flag string) ([]uint64, error) {
+	out := []uint64{}
+	for _, f := range strings.Split(flag, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		x, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			return nil, usagef("--ignored-xids=%q: %q is not an XID (a decimal number)", flag, f)
+		}
+		out = append(out, x)
+	}
+	return out, nil
 }
 
 // What --device-edits selects.

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -59,6 +60,19 @@ func TestDeviceEditsMode(t *testing.T) {
 		got, err := o.deviceEditsMode()
 		if got != tc.want || (err == nil) != (tc.want != "") {
 			t.Errorf("--device-edits=%s --nvml=%s (given library %v): %q, %v; want %q", tc.flag, tc.backend, tc.sandbox, got, err, tc.want)
+		}
+	}
+}
+
+func TestParseXIDs(t *testing.T) {
+	for flag, want := range map[string]string{"": "[]", "13, 31,43": "[13 31 43]", "13,x": `--ignored-xids="13,x": "x" is not an XID (a decimal number)`} {
+		got, err := parseXIDs(flag)
+		s := fmt.Sprint(got)
+		if err != nil {
+			s = err.Error()
+		}
+		if s != want || (flag == "" && got == nil) {
+			t.Errorf("parseXIDs(%q) = %s, want %s", flag, s, want)
 		}
 	}
 }
