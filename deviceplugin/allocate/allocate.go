@@ -234,7 +234,7 @@ func (a *Allocator) preStart(ctx context.Context, deviceIDs []string) (*containe
 		return c, never(reasonAttribution, fmt.Errorf("pod %s/%s holds %s devices but carries neither %s nor %s: it was not scheduled by dynamig-scheduler",
 			pod.Namespace, pod.Name, resource, api.MigReservationsAnnotation, api.DevicesAllocatedAnnotation))
 	}
-	if err := a.writeSpecs(ids, edits); err != nil {
+	if err := a.writeSpecs(ctx, ids, edits); err != nil {
 		return c, because(reasonSpec, err)
 	}
 	logger.V(2).Info("Container devices ready", "devices", ids)
@@ -268,9 +268,15 @@ func (a *Allocator) pod(ctx context.Context, o podresources.Owner) (*v1.Pod, err
 // CDI library applies equal edits idempotently (an environment variable, mount or device
 // node of the same name replaces the earlier one; nvcdi's hooks may run once per device ID
 // and are idempotent), and a spec must not be empty.
-func (a *Allocator) writeSpecs(ids []string, edits specs.ContainerEdits) error {
+//
+// A call that outlived the kubelet's deadline writes nothing: the kubelet gave up on it (and
+// retries), and its pod may be gone since.
+func (a *Allocator) writeSpecs(ctx context.Context, ids []string, edits specs.ContainerEdits) error {
 	a.specs.Lock()
 	defer a.specs.Unlock()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("not writing the CDI specs: the kubelet's call ended (%w)", err)
+	}
 	for _, id := range ids {
 		if err := a.opts.Specs.Write(a.opts.NodeName, id, edits); err != nil {
 			return err
@@ -424,11 +430,11 @@ func (a *Allocator) realiseOne(ctx context.Context, pod *v1.Pod, r api.MigReserv
 	} else if err != nil { // NVML did not answer (the GPU fell off the bus, for one): the kubelet retries
 		return made{}, because(reasonCreate, fmt.Errorf("%s: %w", which, err))
 	}
-	unlock, err := a.opts.Instances.Lock(r.GPUUUID)
-	if err != nil {
+	lock := &gpuLock{mgr: a.opts.Instances, gpu: r.GPUUUID}
+	if err := lock.take(); err != nil {
 		return made{}, because(reasonCreate, err)
 	}
-	defer unlock()
+	defer lock.release()
 	// The instance this plugin already made for this pod, container and device: a container
 	// restart, or a kubelet or plugin restart, adopts it.
 	if e, ok := a.opts.Checkpoint.Get(key); ok {
@@ -453,7 +459,7 @@ func (a *Allocator) realiseOne(ctx context.Context, pod *v1.Pod, r api.MigReserv
 			return made{}, because(reasonCreate, err)
 		}
 	}
-	if err := a.clearPlacement(ctx, pod, r); err != nil {
+	if err := a.clearPlacement(ctx, pod, r, lock); err != nil {
 		return made{}, err
 	}
 	entry := checkpoint.Entry{Key: key, PodNamespace: pod.Namespace, PodName: pod.Name, GPUUUID: r.GPUUUID, Profile: r.Profile, Placement: r.Placement, State: checkpoint.Intent}
@@ -525,8 +531,9 @@ func (a *Allocator) find(gpu string, e checkpoint.Entry) (instances.Instance, in
 // instance of an ended pod is reclaimed, and one of a pod being deleted (a preemption
 // victim) is waited for, bounded, then reported so the kubelet retries. Only instances
 // overlapping the placement are looked at, so a create reads no pod in the common case
-// (the reconcile loop reclaims the rest). The GPU lock is held.
-func (a *Allocator) clearPlacement(ctx context.Context, pod *v1.Pod, r api.MigReservation) error {
+// (the reconcile loop reclaims the rest). The GPU lock is held, and let go of while it waits,
+// so the GPU's other containers start and reclaim runs meanwhile.
+func (a *Allocator) clearPlacement(ctx context.Context, pod *v1.Pod, r api.MigReservation, lock *gpuLock) error {
 	deadline := time.Now().Add(a.opts.PreemptionWait)
 	for {
 		blocker, err := a.blocker(ctx, r)
@@ -537,11 +544,35 @@ func (a *Allocator) clearPlacement(ctx context.Context, pod *v1.Pod, r api.MigRe
 			return because(reasonBusy, fmt.Errorf("pod %s/%s container %d device %d: placement %s of %s is still held by %s",
 				pod.Namespace, pod.Name, r.ContainerIndex, r.DeviceIndex, r.Placement, r.GPUUUID, blocker))
 		}
+		lock.release()
 		select {
 		case <-ctx.Done():
 			return because(reasonBusy, fmt.Errorf("placement %s of %s is held by %s: %w", r.Placement, r.GPUUUID, blocker, ctx.Err()))
 		case <-time.After(a.opts.Poll):
 		}
+		if err := lock.take(); err != nil {
+			return because(reasonCreate, err)
+		}
+	}
+}
+
+// gpuLock is a GPU's mutation lock that a wait can let go of and take again.
+type gpuLock struct {
+	mgr    *instances.Manager
+	gpu    string
+	unlock func()
+}
+
+func (l *gpuLock) take() (err error) {
+	l.unlock, err = l.mgr.Lock(l.gpu)
+	return err
+}
+
+// release lets go of the lock if it is held.
+func (l *gpuLock) release() {
+	if l.unlock != nil {
+		l.unlock()
+		l.unlock = nil
 	}
 }
 

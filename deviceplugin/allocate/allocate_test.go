@@ -1050,3 +1050,54 @@ func TestRetiredKeyAdoptsWhatTheCheckpointRecords(t *testing.T) {
 		t.Errorf("a reservation changed since it was recorded, under a retired key: %v", err)
 	}
 }
+
+// TestNoSpecAfterTheKubeletsDeadline: a PreStart (here a restart adopting its instance) that
+// outlived the kubelet's deadline writes no CDI spec, and the refusal removes the old one.
+func TestNoSpecAfterTheKubeletsDeadline(t *testing.T) {
+	e := newEnv(t)
+	ids := e.admit(e.pod("p", pls(at(0, 2))), "c0", 1)
+	if _, err := e.start(ids); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	cancel() // the kubelet's deadline passed while the adopt ran
+	if err := e.a.PreStartContainer(ctx, ids); err == nil || !strings.Contains(err.Error(), "not writing the CDI specs") {
+		t.Fatalf("want the late call refused: %v", err)
+	}
+	if names := e.specNames(); len(names) != 0 {
+		t.Errorf("specs after a late call: %v", names)
+	}
+	if _, err := e.start(ids); err != nil {
+		t.Errorf("the kubelet's retry: %v", err)
+	}
+}
+
+// TestWaitForAVictimLeavesTheGPUFree: while a preemptor waits for its victim's instance to
+// go, the GPU's other containers start (and reclaim runs) without waiting for it.
+func TestWaitForAVictimLeavesTheGPUFree(t *testing.T) {
+	e := newEnv(t)
+	e.a.opts.PreemptionWait = 3 * time.Second
+	if _, err := e.start(e.admit(e.pod("victim", pls(at(0, 4))), "c0", 1)); err != nil {
+		t.Fatal(err)
+	}
+	v := e.get("victim")
+	v.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	if err := e.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), v, "default"); err != nil {
+		t.Fatal(err)
+	}
+	preemptor := e.admit(e.pod("preemptor", pls(at(0, 2))), "c0", 1)
+	other := e.admit(e.pod("other", pls(at(4, 4))), "c0", 1)
+	waited := make(chan error, 1)
+	go func() { _, err := e.start(preemptor); waited <- err }()
+	time.Sleep(200 * time.Millisecond) // the preemptor is waiting
+	begin := time.Now()
+	if _, err := e.start(other); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(begin); took > time.Second {
+		t.Errorf("another container of the GPU waited %s for the preemptor's wait", took)
+	}
+	if err := <-waited; err == nil || !strings.Contains(err.Error(), "going away") {
+		t.Errorf("the preemptor's wait: %v", err)
+	}
+}
