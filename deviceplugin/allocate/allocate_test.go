@@ -1028,8 +1028,12 @@ func TestRetiredKeyAdoptsWhatTheCheckpointRecords(t *testing.T) {
 	if err != nil || again["NVIDIA_VISIBLE_DEVICES"] != first["NVIDIA_VISIBLE_DEVICES"] || e.gaveUp("p") {
 		t.Fatalf("a restart under a retired key: %v %v (evicted %v)", again, err, e.gaveUp("p"))
 	}
-	// The node reboots: the instance is gone and made again at the recorded placement.
+	// The node reboots: the instance is gone, restart recovery keeps the live pod's record,
+	// and the instance is made again at the recorded placement.
 	if err := e.sim.LoseGpuInstance(0, e.gis()[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.a.Recover(e.ctx, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.start(ids); err != nil || len(e.gis()) != 1 || e.gaveUp("p") {

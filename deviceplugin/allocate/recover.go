@@ -173,6 +173,12 @@ func (a *Allocator) recoverGPU(ctx context.Context, gpu string, rep *Report, nam
 			if e.State == checkpoint.Created {
 				rep.Lost = append(rep.Lost, e)
 			}
+			if e.State == checkpoint.Created && alive {
+				// Gone with the node's reboot while its pod lives: the pod's next container
+				// start makes it again at the recorded placement, and the record is what
+				// lets it do so under a signing key retired since.
+				continue
+			}
 			if err := a.opts.Checkpoint.Remove(e.Key); err != nil {
 				return err
 			}

@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"crypto/ed25519"
 	"fmt"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/nvml"
 	"github.com/dynamig/dynamig/nvml/sim"
+	"github.com/dynamig/dynamig/signing"
 )
 
 // TestFailSafe injects the faults of a real node that once hurt running pods (issue 25), a
@@ -19,7 +21,7 @@ import (
 // that makes each fail.
 func TestFailSafe(t *testing.T) {
 	const a100 = "A100-40GB"
-	w := start(t, mig("lag", a100), mig("lost", a100), mig("half", a100), mig("xid", a100, a100))
+	w := start(t, mig("lag", a100), mig("lost", a100), mig("half", a100), mig("xid", a100, a100), mig("rotate", a100))
 
 	// Pod x ends and is recreated under its name while the node's device plugin cannot read
 	// the API (its informer shows the old x, realised): the new x's container never starts
@@ -102,6 +104,48 @@ func TestFailSafe(t *testing.T) {
 		w.done("next")
 	})
 
+	// The signing key is rotated and the old public key retired at once while a pod signed
+	// with it runs: its container restarts, then its node reboots, and it keeps running on
+	// the instance the checkpoint records (made again at the same placement after the
+	// reboot), never evicted; a new pod is signed with the new key and runs.
+	t.Run("key rotation with restarts", func(t *testing.T) {
+		w := &world{w.For(t)}
+		w.Create(pod("signed-old", "rotate", 19000))
+		r := w.running("signed-old", 60*time.Second)
+		oldID := signatureKey(t, w.Get("signed-old"))
+		rotateKey(t, w)
+		if err := w.SB.FinishPod(w.Ctx, "default", "signed-old", false); err != nil {
+			t.Fatal(err)
+		}
+		w.WaitFor("the container restarted on its instance", 120*time.Second, func() (bool, string) {
+			p := w.Get("signed-old")
+			ok := len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount > 0 && p.Status.ContainerStatuses[0].State.Running != nil
+			return ok, fmt.Sprint(p.Status.ContainerStatuses, w.lastEvent(p))
+		})
+		if again := w.running("signed-old", 10*time.Second); again.MigUUID != r.MigUUID {
+			t.Errorf("after the restart: %s, want %s", again.MigUUID, r.MigUUID)
+		}
+		if err := w.SB.RebootNode(w.Ctx, "rotate"); err != nil {
+			t.Fatal(err)
+		}
+		w.WaitFor("the pod running again after the reboot", 120*time.Second, func() (bool, string) {
+			p := w.Get("signed-old")
+			recs, err := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
+			ok := err == nil && len(recs) == 1 && recs[0].Realized() && recs[0].MigUUID != r.MigUUID && recs[0].Placement == r.Placement && p.Status.Phase == v1.PodRunning
+			return ok, fmt.Sprint(recs, err, p.Status.Phase, w.lastEvent(p))
+		})
+		if p := w.Get("signed-old"); p.DeletionTimestamp != nil || p.Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed || signatureKey(t, p) != oldID {
+			t.Fatalf("the old-key pod was given up: %v", p.Annotations)
+		}
+		w.Create(pod("signed-new", "rotate", 9000))
+		w.running("signed-new", 90*time.Second)
+		if id := signatureKey(t, w.Get("signed-new")); id == oldID {
+			t.Errorf("the new pod is signed with the retired key %s", id)
+		}
+		w.settled()
+		w.done("signed-old", "signed-new")
+	})
+
 	// XID 79 on a GPU with a pod on it: the GPU goes unhealthy (the kubelet offers none of
 	// its devices, the inventory says so, Warning events on the node and the pod), a new
 	// pod goes to the node's other GPU, the running pod is left alone; healthy again once
@@ -149,4 +193,53 @@ func TestFailSafe(t *testing.T) {
 		w.settled()
 		w.done("on-xid", "after-xid")
 	})
+}
+
+// signatureKey is the id of the key that signed the pod's reservation.
+func signatureKey(t *testing.T, p *v1.Pod) string {
+	t.Helper()
+	id, _, err := api.ParseSignature(p.Annotations[api.ReservationSignatureAnnotation])
+	if err != nil {
+		t.Fatalf("pod %s: %v", p.Name, err)
+	}
+	return id
+}
+
+// rotateKey does docs/operations.md's rotation with the old public key retired at once: a
+// new private key in the Secret, its public key the only one in the ConfigMap, the
+// scheduler restarted; it waits until the device plugins can have seen the ConfigMap.
+func rotateKey(t *testing.T, w *world) {
+	t.Helper()
+	key, err := signing.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	priv, err := signing.EncodePrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := signing.EncodePublicKey(key.Public().(ed25519.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret, err := w.C.CoreV1().Secrets(api.DefaultSigningKeyNamespace).Get(w.Ctx, api.SigningKeySecretName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret.Data[api.SigningKeySecretKey] = priv
+	if _, err := w.C.CoreV1().Secrets(secret.Namespace).Update(w.Ctx, secret, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cm, err := w.C.CoreV1().ConfigMaps(api.DefaultSystemNamespace).Get(w.Ctx, api.PublicKeysConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data = map[string]string{api.KeyID(key.Public().(ed25519.PublicKey)) + api.PublicKeySuffix: string(pub)}
+	if _, err := w.C.CoreV1().ConfigMaps(cm.Namespace).Update(w.Ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SB.RestartScheduler(w.Ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the device plugins' ConfigMap watch
 }
