@@ -32,6 +32,7 @@ import (
 	"github.com/dynamig/dynamig/deviceplugin/instances"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
 	"github.com/dynamig/dynamig/deviceplugin/podresources"
+	"github.com/dynamig/dynamig/deviceplugin/runtimecdi"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/request"
 	"github.com/dynamig/dynamig/signing"
 )
@@ -72,6 +73,9 @@ type Options struct {
 	Poll time.Duration
 	// HAMiCore configures shared (hami-core) GPUs.
 	HAMiCore HAMiCoreOptions
+	// RuntimeCDI, if set, is what is known of the container runtime's CDI support: a
+	// container started on a runtime that ignores CDI gets a Warning (ReasonCDINotApplied).
+	RuntimeCDI func() runtimecdi.Verdict
 }
 
 // Allocator serves kubelet's Allocate and PreStartContainer calls.

@@ -9,6 +9,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
+	"github.com/dynamig/dynamig/deviceplugin/runtimecdi"
 )
 
 // Reasons of the events the device plugin records on pods (docs/troubleshooting.md lists
@@ -31,7 +32,18 @@ const (
 	// ReasonUnrealisable (Warning): the reservation can never be realised on its node; the
 	// pod is marked failed, and evicted by dynamig-scheduler.
 	ReasonUnrealisable = "ReservationNotRealisable"
+	// ReasonCDINotApplied (Warning): the node's container runtime ignores CDI devices, so the
+	// container starts with NVIDIA_VISIBLE_DEVICES=void and no GPU. Also on the Node.
+	ReasonCDINotApplied = "CDINotApplied"
 )
+
+// CDINotAppliedMessage says what a runtime that ignores CDI does to GPU containers and how
+// to turn CDI on, for the events on the Node and on the pods.
+func CDINotAppliedMessage(v runtimecdi.Verdict) string {
+	return fmt.Sprintf("the container runtime (%s) ignores CDI devices: GPU containers start with NVIDIA_VISIBLE_DEVICES=void and no GPU. "+
+		"Set enable_cdi = true and cdi_spec_dirs = [\"/etc/cdi\", \"/var/run/cdi\"] under [plugins.\"io.containerd.grpc.v1.cri\"] and restart containerd "+
+		"(or use containerd 2.x or CRI-O), then restart the pods", v)
+}
 
 // eventf records an event on the pod when there is a recorder. The recorder's correlator
 // folds the identical events of the kubelet's retries into one with a count.
@@ -73,8 +85,14 @@ func (a *Allocator) refused(ctx context.Context, c *container, err error) string
 	return reason
 }
 
-// started says in Normal events what each device of a started container is.
+// started says in Normal events what each device of a started container is, and in a
+// Warning that it gets none of them when the runtime ignores CDI.
 func (a *Allocator) started(c *container) {
+	if a.opts.RuntimeCDI != nil {
+		if v := a.opts.RuntimeCDI(); v.State == runtimecdi.Ignores {
+			a.eventf(c.pod, v1.EventTypeWarning, ReasonCDINotApplied, "container %q: %s", c.name, CDINotAppliedMessage(v))
+		}
+	}
 	for _, m := range c.made {
 		reason, verb := ReasonAdopted, "adopted"
 		if m.created {

@@ -14,6 +14,7 @@ import (
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/deviceplugin/runtimecdi"
 	"github.com/dynamig/dynamig/nvml"
 	"github.com/dynamig/dynamig/nvml/sim"
 )
@@ -221,4 +222,30 @@ func TestReclaimEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectEvents(t, e.drain(), reclaimed("recovered", "[3,4)", v1.PodSucceeded))
+}
+
+// TestCDINotAppliedWarning: on a runtime that ignores CDI, every start of a GPU container
+// gets a Warning that names the container and says it has no GPU, beside the Normal events;
+// on one that applies CDI, or when nothing is known, there is none.
+func TestCDINotAppliedWarning(t *testing.T) {
+	for _, tc := range []struct {
+		state runtimecdi.State
+		warn  bool
+	}{{runtimecdi.Ignores, true}, {runtimecdi.Applies, false}, {runtimecdi.Unknown, false}} {
+		t.Run(string(tc.state), func(t *testing.T) {
+			e := newEnv(t)
+			e.a.opts.RuntimeCDI = func() runtimecdi.Verdict {
+				return runtimecdi.Verdict{State: tc.state, Runtime: "containerd v1.7.22", Why: "enable_cdi = false"}
+			}
+			ids := e.admit(e.pod("p", pls(at(0, 2))), "c0", 1)
+			if _, err := e.start(ids); err != nil {
+				t.Fatal(err)
+			}
+			want := []wantEvent{{"Normal " + ReasonRealised, []string{`container "c0" device 0`}}}
+			if tc.warn {
+				want = append([]wantEvent{{"Warning " + ReasonCDINotApplied, []string{`container "c0"`, "containerd v1.7.22", "NVIDIA_VISIBLE_DEVICES=void", "enable_cdi = true"}}}, want...)
+			}
+			expectEvents(t, e.drain(), want...)
+		})
+	}
 }

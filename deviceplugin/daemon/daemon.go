@@ -36,6 +36,7 @@ import (
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
 	"github.com/dynamig/dynamig/deviceplugin/podresources"
 	"github.com/dynamig/dynamig/deviceplugin/publish"
+	"github.com/dynamig/dynamig/deviceplugin/runtimecdi"
 	"github.com/dynamig/dynamig/deviceplugin/server"
 	"github.com/dynamig/dynamig/nvml"
 	"github.com/dynamig/dynamig/signing"
@@ -75,6 +76,10 @@ type Options struct {
 	// IgnoredXIDs are the XIDs that leave a GPU healthy (default health.DefaultIgnoredXIDs;
 	// an empty, non-nil list ignores none).
 	IgnoredXIDs []uint64
+	// RuntimeEndpoints are the container runtime's CRI sockets, the first that exists asked
+	// whether it applies CDI devices (nil: runtimecdi.DefaultEndpoints; empty, non-nil: the
+	// check is off).
+	RuntimeEndpoints []string
 }
 
 // Run runs until ctx ends.
@@ -139,14 +144,22 @@ func Run(ctx context.Context, opts Options) error {
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: opts.Client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "dynamig-device-plugin", Host: opts.NodeName})
+	// Whether the runtime applies the CDI names Allocate answers: asked before the kubelet is
+	// served, so the first container's PreStart already knows.
+	endpoints := opts.RuntimeEndpoints
+	if endpoints == nil {
+		endpoints = runtimecdi.DefaultEndpoints
+	}
+	runtimeCDI := &runtimecdi.Watcher{Endpoints: endpoints, OnChange: func(v runtimecdi.Verdict) { runtimeCDIEvent(recorder, opts.NodeName, v) }}
+	runtimeCDI.Check(ctx)
 	alloc, err := allocate.New(allocate.Options{NodeName: opts.NodeName, Client: opts.Client, Names: opts.DeviceConfig.Nvidia.ResourceNames,
 		Instances: mgr, Checkpoint: cp, Verifier: verifier, Owners: owners, Specs: specDir, DeviceEdits: opts.DeviceEdits, Pods: pods.Lister(), Recorder: recorder,
-		PreemptionWait: opts.PreemptionWait,
-		HAMiCore:       allocate.HAMiCoreOptions{HostDir: opts.HAMiCoreHostDir, MemoryScaling: memoryScaling(opts.DeviceConfig, opts.NodeName)}})
+		PreemptionWait: opts.PreemptionWait, RuntimeCDI: runtimeCDI.Current,
+		HAMiCore: allocate.HAMiCoreOptions{HostDir: opts.HAMiCoreHostDir, MemoryScaling: memoryScaling(opts.DeviceConfig, opts.NodeName)}})
 	if err != nil {
 		return err
 	}
-	defer metrics.AddSource(&metrics.Source{Instances: mgr, Checkpoint: cp})()
+	defer metrics.AddSource(&metrics.Source{Instances: mgr, Checkpoint: cp, Node: opts.NodeName, RuntimeCDI: runtimeCDI.Current})()
 	// Recovery first: kubelet is not served until our instances are known.
 	if _, err := alloc.Recover(ctx, opts.ReclaimUnknownInstances); err != nil {
 		logger.Error(err, "Restart recovery incomplete; continuing without destroying anything it could not verify")
@@ -208,6 +221,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	})
 	run(func() { heartbeat.Run(ctx, opts.HeartbeatInterval) })
+	run(func() { runtimeCDI.Run(ctx) })
 	run(func() { reclaimLoop(ctx, opts, alloc, factory, pods.Informer(), publishNow) })
 	err = srv.Run(ctx)
 	wg.Wait()

@@ -11,7 +11,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/deviceplugin/allocate"
 	"github.com/dynamig/dynamig/deviceplugin/health"
+	"github.com/dynamig/dynamig/deviceplugin/runtimecdi"
 )
 
 // Reasons of the GPU health events (docs/troubleshooting.md).
@@ -20,7 +22,22 @@ const (
 	ReasonGPUUnhealthy = "GPUUnhealthy"
 	// ReasonGPUHealthy (Normal), on the Node: NVML says the GPU is healthy again.
 	ReasonGPUHealthy = "GPUHealthy"
+	// ReasonCDIApplied (Normal), on the Node: the runtime applies CDI devices (again).
+	ReasonCDIApplied = "CDIApplied"
 )
+
+// runtimeCDIEvent tells on the Node a change of what the runtime does with CDI devices: a
+// Warning (allocate.ReasonCDINotApplied) when it ignores them, a Normal event when it
+// applies them after it did not. The pods started meanwhile get their own Warning.
+func runtimeCDIEvent(recorder record.EventRecorder, node string, v runtimecdi.Verdict) {
+	ref := &v1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)}
+	switch v.State {
+	case runtimecdi.Ignores:
+		recorder.Eventf(ref, v1.EventTypeWarning, allocate.ReasonCDINotApplied, "%s", allocate.CDINotAppliedMessage(v))
+	case runtimecdi.Applies:
+		recorder.Eventf(ref, v1.EventTypeNormal, ReasonCDIApplied, "the container runtime (%s) applies CDI devices", v)
+	}
+}
 
 // healthEvents tells a GPU's health change in events: on the Node, and when it turned
 // unhealthy on every live pod of this node whose reservation names the GPU.

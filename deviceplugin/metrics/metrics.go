@@ -12,6 +12,7 @@ import (
 
 	"github.com/dynamig/dynamig/deviceplugin/checkpoint"
 	"github.com/dynamig/dynamig/deviceplugin/instances"
+	"github.com/dynamig/dynamig/deviceplugin/runtimecdi"
 )
 
 // Registry is process-wide, as metrics are.
@@ -34,12 +35,18 @@ var (
 	instanceDesc = prometheus.NewDesc("dynamig_mig_instance",
 		"A MIG instance as NVML reports it, with the pod it was made for (empty when dynamig did not make it).",
 		[]string{"gpu_uuid", "profile", "placement_start", "placement_size", "gpu_instance_id", "compute_instance_id", "pod_namespace", "pod_name"}, nil)
+	runtimeCDIDesc = prometheus.NewDesc("dynamig_device_plugin_runtime_cdi",
+		"1 for what the node's container runtime does with CDI devices (state: applies, ignores or unknown), as it answers over the CRI; ignores means GPU containers start without their GPU.",
+		[]string{"node", "state", "runtime"}, nil)
 )
 
-// Source is where the instance metric reads from.
+// Source is where the instance and runtime metrics read from.
 type Source struct {
 	Instances  *instances.Manager
 	Checkpoint *checkpoint.Checkpoint
+	// Node and RuntimeCDI, if set, give the runtime's CDI support.
+	Node       string
+	RuntimeCDI func() runtimecdi.Verdict
 }
 
 // collector reads every running plugin's state: one in a node's process, several when a
@@ -67,7 +74,10 @@ func AddSource(s *Source) (remove func()) {
 	}
 }
 
-func (c *collector) Describe(ch chan<- *prometheus.Desc) { ch <- instanceDesc }
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- instanceDesc
+	ch <- runtimeCDIDesc
+}
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
@@ -82,6 +92,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 func collectSource(ch chan<- prometheus.Metric, src *Source) {
+	if src.RuntimeCDI != nil {
+		v := src.RuntimeCDI()
+		ch <- prometheus.MustNewConstMetric(runtimeCDIDesc, prometheus.GaugeValue, 1, src.Node, string(v.State), v.Runtime)
+	}
 	owners := map[string]checkpoint.Entry{} // by MIG UUID
 	for _, e := range src.Checkpoint.Entries() {
 		if e.State == checkpoint.Created {

@@ -132,6 +132,8 @@ type Options struct {
 	Verbosity int
 	// NodeStatusUpdateFrequency (default 2 s).
 	NodeStatusUpdateFrequency time.Duration
+	// Runtime changes what the node's runtime does with containers (CDI off, image env).
+	Runtime RuntimeOptions
 }
 
 // Node is one kubelet and its runtime.
@@ -145,6 +147,8 @@ type Node struct {
 	PodResourcesSocket string
 	// CDIDir is the CDI spec directory the runtime resolves names in.
 	CDIDir string
+	// RuntimeSocket is the runtime's CRI socket, at its host path.
+	RuntimeSocket string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -179,13 +183,14 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		DevicePluginDir:    filepath.Join(opts.Dir, "var-lib", "kubelet", "device-plugins"),
 		PodResourcesSocket: filepath.Join(opts.Dir, "var-lib", "kubelet", "pod-resources", "kubelet.sock"),
 		CDIDir:             filepath.Join(opts.Dir, "cdi"),
+		RuntimeSocket:      filepath.Join(opts.Dir, "cri.sock"),
 	}
 	for _, d := range []string{n.DevicePluginDir, filepath.Dir(n.PodResourcesSocket), n.CDIDir, n.path("var-log"), n.path("sysctl"), n.path("pod-logs"), n.path("volume-plugins"), n.path("cwd")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
 		}
 	}
-	rt, err := StartRuntime(n.path("cri.sock"), n.CDIDir)
+	rt, err := StartRuntime(n.RuntimeSocket, n.CDIDir, opts.Runtime)
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +252,7 @@ evictionHard: {memory.available: "1Ki", nodefs.available: "0%%", imagefs.availab
 nodeStatusUpdateFrequency: %s
 serializeImagePulls: false
 registryPullQPS: 0
-`, port, healthz, n.path("cri.sock"), n.path("pod-logs"), n.path("volume-plugins"), n.opts.NodeStatusUpdateFrequency)
+`, port, healthz, n.RuntimeSocket, n.path("pod-logs"), n.path("volume-plugins"), n.opts.NodeStatusUpdateFrequency)
 	if err := os.WriteFile(n.path("kubelet.yaml"), []byte(cfg), 0o644); err != nil {
 		return err
 	}

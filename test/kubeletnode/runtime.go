@@ -2,6 +2,7 @@ package kubeletnode
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -24,10 +25,16 @@ import (
 // through the CDI library containerd uses. A name that does not resolve fails the create,
 // as containerd fails it; what resolved is recorded, so a test asserts what the container
 // would see. Containers run until the test ends them (Exit).
+//
+// It answers Version and Status as containerd 1.7 does, its CRI configuration's enableCDI
+// in the verbose info (what `crictl info` shows), so the device plugin's check of the
+// runtime's CDI support reads what it reads on a real node.
 type Runtime struct {
 	*fake.RemoteRuntime
 	server *grpc.Server
 	cdi    *cdi.Cache
+	cdiDir string
+	opts   RuntimeOptions
 
 	mu      sync.Mutex
 	created []Container
@@ -54,13 +61,30 @@ type Container struct {
 	DeviceNodes []string
 }
 
+// RuntimeOptions change what the runtime does with a container.
+type RuntimeOptions struct {
+	// IgnoreCDI drops the CDI device names the kubelet passes, as containerd 1.7 does with
+	// its default enable_cdi = false: the container gets none of the specs' edits.
+	IgnoreCDI bool
+	// ImageEnv is the environment an image's config sets (a CUDA base image's
+	// NVIDIA_VISIBLE_DEVICES=all), which the container's own variables override, as
+	// containerd applies them; nil: images set none.
+	ImageEnv func(image string) []string
+}
+
+// The runtime this fake answers as, in Version.
+const (
+	runtimeName    = "containerd"
+	runtimeVersion = "v1.7.22"
+)
+
 // StartRuntime serves the runtime on the unix socket, resolving CDI names in cdiDir.
-func StartRuntime(socket, cdiDir string) (*Runtime, error) {
+func StartRuntime(socket, cdiDir string, opts RuntimeOptions) (*Runtime, error) {
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(cdiDir), cdi.WithAutoRefresh(false))
 	if err != nil {
 		return nil, fmt.Errorf("CDI cache of %s: %w", cdiDir, err)
 	}
-	r := &Runtime{RemoteRuntime: fake.NewFakeRemoteRuntime(), server: grpc.NewServer(), cdi: cache}
+	r := &Runtime{RemoteRuntime: fake.NewFakeRemoteRuntime(), server: grpc.NewServer(), cdi: cache, cdiDir: cdiDir, opts: opts}
 	r.RuntimeService.FakeStatus = &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
 		{Type: runtimeapi.RuntimeReady, Status: true},
 		{Type: runtimeapi.NetworkReady, Status: true},
@@ -81,6 +105,32 @@ func StartRuntime(socket, cdiDir string) (*Runtime, error) {
 // Stop stops serving.
 func (r *Runtime) Stop() { r.server.Stop() }
 
+// Version names the runtime as containerd 1.7.
+func (r *Runtime) Version(ctx context.Context, req *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
+	resp, err := r.RemoteRuntime.Version(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	resp.RuntimeName, resp.RuntimeVersion = runtimeName, runtimeVersion
+	return resp, nil
+}
+
+// Status adds, when verbose, containerd's CRI configuration as its info's "config".
+func (r *Runtime) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
+	resp, err := r.RemoteRuntime.Status(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if req.GetVerbose() {
+		config, err := json.Marshal(map[string]any{"enableCDI": !r.opts.IgnoreCDI, "cdiSpecDirs": []string{r.cdiDir}})
+		if err != nil {
+			return nil, err
+		}
+		resp.Info = map[string]string{"config": string(config)}
+	}
+	return resp, nil
+}
+
 // CreateContainer resolves the CDI devices, then creates the container in the fake.
 func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
 	cfg := req.GetConfig()
@@ -89,10 +139,14 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 		names = append(names, d.GetName())
 	}
 	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	// The image's variables first, the container's over them, the CDI edits last.
+	if r.opts.ImageEnv != nil {
+		spec.Process.Env = append(spec.Process.Env, r.opts.ImageEnv(cfg.GetImage().GetImage())...)
+	}
 	for _, kv := range cfg.GetEnvs() {
 		spec.Process.Env = append(spec.Process.Env, kv.GetKey()+"="+string(kv.GetValue())) // bytes from cri-api 0.36
 	}
-	if len(names) > 0 {
+	if len(names) > 0 && !r.opts.IgnoreCDI {
 		// The spec directory is read at each create: the device plugin writes specs just
 		// before (PreStartContainer), as containerd's cache would see them by then. Like
 		// containerd, a bad spec file is only reported when a name does not resolve.
@@ -118,7 +172,7 @@ func (r *Runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 		ID: resp.ContainerId, PodUID: types.UID(sandbox.GetUid()), PodNamespace: sandbox.GetNamespace(), PodName: sandbox.GetName(),
 		Name: cfg.GetMetadata().GetName(), Attempt: cfg.GetMetadata().GetAttempt(), CDIDevices: names, Env: map[string]string{},
 	}
-	for _, kv := range spec.Process.Env {
+	for _, kv := range spec.Process.Env { // a later variable replaces an earlier one, as in exec
 		k, v, _ := strings.Cut(kv, "=")
 		c.Env[k] = v
 	}

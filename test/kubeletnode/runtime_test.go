@@ -25,7 +25,7 @@ devices:
 // a name without a spec fails the create, as containerd does.
 func TestRuntimeResolvesCDI(t *testing.T) {
 	dir := t.TempDir()
-	rt, err := StartRuntime(filepath.Join(dir, "cri.sock"), filepath.Join(dir, "cdi"))
+	rt, err := StartRuntime(filepath.Join(dir, "cri.sock"), filepath.Join(dir, "cdi"), RuntimeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

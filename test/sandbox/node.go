@@ -84,6 +84,15 @@ func (s *Sandbox) newNode(cfg sandboxconfig.NodeConfig) (*node, error) {
 	return n, n.gpus.Init()
 }
 
+// cudaImageEnv is what NVIDIA's CUDA images set in their config (ENV NVIDIA_VISIBLE_DEVICES
+// all), which a container of one gets unless something replaces it.
+func cudaImageEnv(image string) []string {
+	if strings.HasPrefix(image, "nvcr.io/nvidia/cuda:") || strings.HasPrefix(image, "nvidia/cuda:") || strings.HasPrefix(image, "docker.io/nvidia/cuda:") {
+		return []string{"NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"}
+	}
+	return nil
+}
+
 func (n *node) info() NodeInfo {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -102,7 +111,8 @@ func (n *node) start(ctx context.Context, kubelet string, daemonSet *unstructure
 		return err
 	}
 	n.kubelet, err = kubeletnode.Start(ctx, kubeletnode.Options{Kubelet: kubelet, Kubeconfig: kubeconfig, NodeName: n.cfg.Name,
-		Dir: filepath.Join(n.dir, "k"), Log: io.MultiWriter(&n.kubeletOut, n.s.log)})
+		Dir: filepath.Join(n.dir, "k"), Log: io.MultiWriter(&n.kubeletOut, n.s.log),
+		Runtime: kubeletnode.RuntimeOptions{IgnoreCDI: n.cfg.RuntimeIgnoresCDI, ImageEnv: cudaImageEnv}})
 	if err != nil {
 		return err
 	}
@@ -205,6 +215,7 @@ func (n *node) startDevicePlugin() error {
 	args := []string{"run", "--nvml=sim", "--sim-gpus=" + strings.Join(n.cfg.GPUs, ","), "--node-name=" + n.cfg.Name,
 		"--kubeconfig=" + n.dpKubeconfig, "--kubelet-socket-dir=" + n.kubelet.DevicePluginDir, "--metrics-bind-address=" + n.metricsAddr,
 		"--pod-resources-socket=" + n.kubelet.PodResourcesSocket, "--cdi-spec-dir=" + n.kubelet.CDIDir,
+		"--runtime-endpoints=unix://" + n.kubelet.RuntimeSocket,
 		"--config=" + n.s.deviceConfig}
 	ctx, cancel := context.WithCancel(n.s.ctx)
 	done := make(chan struct{})

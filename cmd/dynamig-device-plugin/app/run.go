@@ -28,6 +28,7 @@ import (
 	"github.com/dynamig/dynamig/deviceplugin/health"
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
 	"github.com/dynamig/dynamig/deviceplugin/podresources"
+	"github.com/dynamig/dynamig/deviceplugin/runtimecdi"
 )
 
 type runOptions struct {
@@ -52,6 +53,7 @@ type runOptions struct {
 	devRoot        string
 	cdiHookPath    string
 	ignoredXIDs    string
+	runtimes       []string
 }
 
 func newRunCommand(opts *options) *cobra.Command {
@@ -97,6 +99,7 @@ spec the container runtime resolves the names against.`,
 		defaultIgnored[i] = strconv.FormatUint(x, 10)
 	}
 	f.StringVar(&o.ignoredXIDs, "ignored-xids", strings.Join(defaultIgnored, ","), `XIDs that leave a GPU healthy (an application causes them), comma-separated; "" ignores none. Every other critical XID, and a double-bit ECC error, makes the GPU unhealthy until NVML says no reset is pending. Default: NVIDIA's device plugin's list`)
+	f.StringSliceVar(&o.runtimes, "runtime-endpoints", runtimecdi.DefaultEndpoints, `the container runtime's CRI sockets (unix://PATH), the first that exists asked whether the runtime applies CDI devices (containerd's enable_cdi); a runtime that ignores them gets a Warning event on the Node and on each GPU pod started. "" turns the check off`)
 	f.BoolVar(&o.reclaimUnknown, "reclaim-unknown-instances", false, "at start, destroy idle MIG instances that dynamig did not create (default: report them and leave them)")
 	return cmd
 }
@@ -110,6 +113,10 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 		return err
 	}
 	ignored, err := parseXIDs(o.ignoredXIDs)
+	if err != nil {
+		return err
+	}
+	runtimes, err := runtimeEndpoints(o.runtimes)
 	if err != nil {
 		return err
 	}
@@ -165,7 +172,7 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 		logger.Info("Device config warning", "warning", w)
 	}
 	return daemon.Run(ctx, daemon.Options{NodeName: o.nodeName, Client: client, NVML: lib, DeviceConfig: cfg,
-		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, PodResourcesSocket: o.podResources, CDISpecDir: o.cdiSpecDir, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown, HAMiCoreHostDir: o.hamiCoreDir, EnableMIGMode: o.enableMIGMode, DeviceEdits: deviceEdits, Clock: o.clock, IgnoredXIDs: ignored})
+		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, PodResourcesSocket: o.podResources, CDISpecDir: o.cdiSpecDir, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown, HAMiCoreHostDir: o.hamiCoreDir, EnableMIGMode: o.enableMIGMode, DeviceEdits: deviceEdits, Clock: o.clock, IgnoredXIDs: ignored, RuntimeEndpoints: runtimes})
 }
 
 // parseXIDs reads --ignored-xids: comma-separated XIDs, "" for none (non-nil, so the daemon
@@ -181,6 +188,22 @@ func parseXIDs(flag string) ([]uint64, error) {
 			return nil, usagef("--ignored-xids=%q: %q is not an XID (a decimal number)", flag, f)
 		}
 		out = append(out, x)
+	}
+	return out, nil
+}
+
+// runtimeEndpoints checks --runtime-endpoints: unix sockets by absolute path; none (an
+// empty, non-nil list) turns the check off.
+func runtimeEndpoints(flag []string) ([]string, error) {
+	out := []string{}
+	for _, ep := range flag {
+		if ep = strings.TrimSpace(ep); ep == "" {
+			continue
+		}
+		if path, ok := strings.CutPrefix(ep, "unix://"); !ok || !strings.HasPrefix(path, "/") {
+			return nil, usagef("--runtime-endpoints: %q is not unix:///ABSOLUTE/PATH", ep)
+		}
+		out = append(out, ep)
 	}
 	return out, nil
 }

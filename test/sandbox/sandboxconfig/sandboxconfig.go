@@ -39,6 +39,9 @@ type NodeConfig struct {
 	// (A100-40GB, which simulates as its first NVML name) or an NVML name
 	// (NVIDIA A100-PCIE-40GB).
 	GPUs []string `json:"gpus"`
+	// RuntimeIgnoresCDI makes the node's container runtime drop CDI device names, as
+	// containerd 1.7 with its default enable_cdi = false does (docs/troubleshooting.md).
+	RuntimeIgnoresCDI bool `json:"runtimeIgnoresCDI,omitempty"`
 }
 
 // DefaultConfig is the seed's world: one mig node with an NVIDIA A100-PCIE-40GB and one
