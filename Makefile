@@ -49,6 +49,7 @@ FUZZ_TARGETS := \
 	./config:FuzzDecodeDynamicMIGArgs:20000x \
 	./config:FuzzDynamicMIGArgsOf \
 	./deviceplugin/podresources:FuzzOwner \
+	./deviceplugin/runtimecdi:FuzzJudge \
 	./test/sandbox/sandboxconfig:FuzzParseConfig:50000x \
 	./plugins/dynamicmig/request:FuzzParsePod \
 	./deviceplugin/checkpoint:FuzzDecode \

@@ -275,3 +275,67 @@ func TestPercentageOfNodesToScore(t *testing.T) {
 		})
 	}
 }
+
+// TestRuntimeSockets: the device plugin asks the runtime sockets devicePlugin.runtimeSockets
+// lists at the path its container sees them (the host's /run at /host/run, following the
+// host's mounts), and nothing is mounted when the list is empty; a socket outside /run is
+// refused, naming the field and the value.
+func TestRuntimeSockets(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		sockets any // nil: the chart's default
+		want    string
+	}{
+		{"default", nil, "unix:///host/run/containerd/containerd.sock,unix:///host/run/crio/crio.sock,unix:///host/run/k3s/containerd/containerd.sock"},
+		{"var run", []any{"/var/run/containerd/containerd.sock"}, "unix:///host/run/containerd/containerd.sock"},
+		{"off", []any{}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			values := map[string]any{}
+			if tc.sockets != nil {
+				values["devicePlugin"] = map[string]any{"runtimeSockets": tc.sockets}
+			}
+			ds := Find(render(t, values), "DaemonSet", "dynamig-device-plugin")
+			if ds == nil {
+				t.Fatal("no DaemonSet dynamig-device-plugin")
+			}
+			pod, _, _ := unstructured.NestedMap(ds.Object, "spec", "template", "spec")
+			c := pod["containers"].([]any)[0].(map[string]any)
+			var args []string
+			for _, a := range c["args"].([]any) {
+				args = append(args, a.(string))
+			}
+			if !contains(args, "--runtime-endpoints="+tc.want) {
+				t.Errorf("args %v, want --runtime-endpoints=%s", args, tc.want)
+			}
+			var mount map[string]any
+			for _, m := range c["volumeMounts"].([]any) {
+				if m := m.(map[string]any); m["name"] == "host-run" {
+					mount = m
+				}
+			}
+			var hostPath any
+			for _, v := range pod["volumes"].([]any) {
+				if v := v.(map[string]any); v["name"] == "host-run" {
+					hostPath = v["hostPath"]
+				}
+			}
+			if tc.want == "" {
+				if mount != nil || hostPath != nil {
+					t.Errorf("the check is off, yet the host's /run is mounted: %v %v", mount, hostPath)
+				}
+				return
+			}
+			if mount["mountPath"] != "/host/run" || mount["readOnly"] != true || mount["mountPropagation"] != "HostToContainer" {
+				t.Errorf("host-run mount %v, want /host/run read-only, HostToContainer", mount)
+			}
+			if hp, _ := hostPath.(map[string]any); hp["path"] != "/run" || hp["type"] != "Directory" {
+				t.Errorf("host-run volume %v, want hostPath /run (Directory)", hostPath)
+			}
+		})
+	}
+	_, err := Render(Namespace, map[string]any{"devicePlugin": map[string]any{"runtimeSockets": []any{"/opt/containerd.sock"}}})
+	if err == nil || !strings.Contains(err.Error(), "devicePlugin.runtimeSockets") || !strings.Contains(err.Error(), "/opt/containerd.sock") {
+		t.Fatalf("want an error naming devicePlugin.runtimeSockets and /opt/containerd.sock, got %v", err)
+	}
+}

@@ -40,9 +40,13 @@ const (
 // CDINotAppliedMessage says what a runtime that ignores CDI does to GPU containers and how
 // to turn CDI on, for the events on the Node and on the pods.
 func CDINotAppliedMessage(v runtimecdi.Verdict) string {
-	return fmt.Sprintf("the container runtime (%s) ignores CDI devices: GPU containers start with NVIDIA_VISIBLE_DEVICES=void and no GPU. "+
+	runtime := v.Runtime
+	if runtime == "" {
+		runtime = "of this node"
+	}
+	return fmt.Sprintf("the container runtime %s ignores CDI devices (%s): GPU containers start with NVIDIA_VISIBLE_DEVICES=void and no GPU. "+
 		"Set enable_cdi = true and cdi_spec_dirs = [\"/etc/cdi\", \"/var/run/cdi\"] under [plugins.\"io.containerd.grpc.v1.cri\"] and restart containerd "+
-		"(or use containerd 2.x or CRI-O), then restart the pods", v)
+		"(or use containerd 2.x or CRI-O), then restart the pods", runtime, v.Why)
 }
 
 // eventf records an event on the pod when there is a recorder. The recorder's correlator

@@ -35,7 +35,7 @@ func runtimeCDIEvent(recorder record.EventRecorder, node string, v runtimecdi.Ve
 	case runtimecdi.Ignores:
 		recorder.Eventf(ref, v1.EventTypeWarning, allocate.ReasonCDINotApplied, "%s", allocate.CDINotAppliedMessage(v))
 	case runtimecdi.Applies:
-		recorder.Eventf(ref, v1.EventTypeNormal, ReasonCDIApplied, "the container runtime (%s) applies CDI devices", v)
+		recorder.Eventf(ref, v1.EventTypeNormal, ReasonCDIApplied, "the container runtime %s", v)
 	}
 }
 
