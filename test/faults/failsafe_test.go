@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"context"
 	"crypto/ed25519"
 	"fmt"
 	"strings"
@@ -113,7 +114,9 @@ func TestFailSafe(t *testing.T) {
 		w.Create(pod("signed-old", "rotate", 19000))
 		r := w.running("signed-old", 60*time.Second)
 		oldID := signatureKey(t, w.Get("signed-old"))
-		rotateKey(t, w)
+		if err := rotateKey(w.Ctx, w); err != nil {
+			t.Fatal(err)
+		}
 		if err := w.SB.FinishPod(w.Ctx, "default", "signed-old", false); err != nil {
 			t.Fatal(err)
 		}
@@ -208,38 +211,38 @@ func signatureKey(t *testing.T, p *v1.Pod) string {
 // rotateKey does docs/operations.md's rotation with the old public key retired at once: a
 // new private key in the Secret, its public key the only one in the ConfigMap, the
 // scheduler restarted; it waits until the device plugins can have seen the ConfigMap.
-func rotateKey(t *testing.T, w *world) {
-	t.Helper()
+func rotateKey(ctx context.Context, w *world) error {
 	key, err := signing.GenerateKey()
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	priv, err := signing.EncodePrivateKey(key)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	pub, err := signing.EncodePublicKey(key.Public().(ed25519.PublicKey))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	secret, err := w.C.CoreV1().Secrets(api.DefaultSigningKeyNamespace).Get(w.Ctx, api.SigningKeySecretName, metav1.GetOptions{})
+	secret, err := w.C.CoreV1().Secrets(api.DefaultSigningKeyNamespace).Get(ctx, api.SigningKeySecretName, metav1.GetOptions{})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	secret.Data[api.SigningKeySecretKey] = priv
-	if _, err := w.C.CoreV1().Secrets(secret.Namespace).Update(w.Ctx, secret, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	if _, err := w.C.CoreV1().Secrets(secret.Namespace).Update(ctx, secret, metav1.UpdateOptions{}); err != nil {
+		return err
 	}
-	cm, err := w.C.CoreV1().ConfigMaps(api.DefaultSystemNamespace).Get(w.Ctx, api.PublicKeysConfigMapName, metav1.GetOptions{})
+	cm, err := w.C.CoreV1().ConfigMaps(api.DefaultSystemNamespace).Get(ctx, api.PublicKeysConfigMapName, metav1.GetOptions{})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	cm.Data = map[string]string{api.KeyID(key.Public().(ed25519.PublicKey)) + api.PublicKeySuffix: string(pub)}
-	if _, err := w.C.CoreV1().ConfigMaps(cm.Namespace).Update(w.Ctx, cm, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	if _, err := w.C.CoreV1().ConfigMaps(cm.Namespace).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		return err
 	}
-	if err := w.SB.RestartScheduler(w.Ctx); err != nil {
-		t.Fatal(err)
+	if err := w.SB.RestartScheduler(ctx); err != nil {
+		return err
 	}
 	time.Sleep(2 * time.Second) // the device plugins' ConfigMap watch
+	return nil
 }

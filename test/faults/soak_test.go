@@ -18,6 +18,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -333,20 +334,89 @@ var soakFaults = []fault{
 		return nil
 	}},
 	{"process outlives its pod", true, false, func(ctx context.Context, s *soak, node string, _ int) error {
-		for _, p := range s.pods(ctx) {
-			recs, err := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
-			if err != nil || p.Spec.NodeName != node || p.Status.Phase != v1.PodRunning || len(recs) == 0 || !recs[0].Realized() {
-				continue
-			}
-			pid := 7000 + s.intn(1000)
-			if err := s.w.SB.GPUs(node).AddProcess(recs[0].MigUUID, pid); err != nil {
-				return err
-			}
-			s.mu.Lock()
-			s.keep = append(s.keep, keptProcess{node: node, migUUID: recs[0].MigUUID, pid: pid})
-			s.mu.Unlock()
-			return s.w.C.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
+		p, rec := s.realisedOn(ctx, node)
+		if p == nil {
+			return nil
 		}
+		pid := 7000 + s.intn(1000)
+		if err := s.w.SB.GPUs(node).AddProcess(rec.MigUUID, pid); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.keep = append(s.keep, keptProcess{node: node, migUUID: rec.MigUUID, pid: pid})
+		s.mu.Unlock()
+		return s.w.C.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
+	}},
+	// TestFailSafe's faults (issue 25), at random.
+	{"GPU-instance destroy fails (half-destroyed instance)", true, false, func(_ context.Context, s *soak, node string, gpu int) error {
+		s.w.SB.GPUs(node).FailNext(gpu, sim.OpDestroyGpuInstance, nvml.ErrorUnknown)
+		return nil
+	}},
+	{"GPU lost at a container restart", true, false, func(ctx context.Context, s *soak, node string, _ int) error {
+		p, rec := s.realisedOn(ctx, node)
+		if p == nil {
+			return nil
+		}
+		gpus := s.w.SB.GPUs(node)
+		for _, g := range gpus.Snapshot() {
+			if g.UUID == rec.GPUUUID {
+				gpus.LoseGPU(g.Index)
+				defer gpus.RecoverGPU(g.Index)
+			}
+		}
+		if err := s.w.SB.FinishPod(ctx, p.Namespace, p.Name, false); err != nil {
+			return nil // it ended or went meanwhile
+		}
+		sleep(ctx, time.Duration(5+s.intn(10))*time.Second)
+		return nil
+	}},
+	{"XID", false, false, func(ctx context.Context, s *soak, node string, gpu int) error {
+		gpus := s.w.SB.GPUs(node)
+		gpus.SetResetPending(gpu, true)
+		defer gpus.SetResetPending(gpu, false)
+		gpus.InjectXID(gpu, 79, -1, -1)
+		sleep(ctx, time.Duration(5+s.intn(10))*time.Second)
+		return nil
+	}},
+	{"signing key rotated, old key retired, a container restarted", false, false, func(ctx context.Context, s *soak, node string, _ int) error {
+		if err := rotateKey(ctx, s.w); err != nil {
+			return err
+		}
+		if p, _ := s.realisedOn(ctx, node); p != nil {
+			_ = s.w.SB.FinishPod(ctx, p.Namespace, p.Name, false) // it may have ended meanwhile
+		}
+		return nil
+	}},
+	{"pod recreated under its name while the informer lags", true, false, func(ctx context.Context, s *soak, node string, _ int) error {
+		p, _ := s.realisedOn(ctx, node)
+		if p == nil {
+			return nil
+		}
+		if err := s.w.SB.CutAPI(node, true); err != nil {
+			return err
+		}
+		defer func() { _ = s.w.SB.CutAPI(node, false) }()
+		pods := s.w.C.CoreV1().Pods(p.Namespace)
+		if err := pods.Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(p.UID))}); err != nil {
+			return nil // gone already
+		}
+		if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, err := pods.Get(ctx, p.Name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		}); err != nil {
+			return fmt.Errorf("%s not deleted within 30 s: %w", p.Name, err)
+		}
+		again := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace,
+			Annotations: map[string]string{api.VGPUModeAnnotation: p.Annotations[api.VGPUModeAnnotation]}}, Spec: *p.Spec.DeepCopy()}
+		again.Spec.NodeName = ""
+		if _, err := pods.Create(ctx, again, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("recreating %s: %w", p.Name, err)
+		}
+		s.mu.Lock()
+		s.deleted++
+		s.created++
+		s.mu.Unlock()
+		sleep(ctx, time.Duration(5+s.intn(10))*time.Second)
 		return nil
 	}},
 	{"clock skew", false, false, func(_ context.Context, s *soak, node string, _ int) error {
@@ -355,6 +425,24 @@ var soakFaults = []fault{
 	{"scheduler restart", false, false, func(ctx context.Context, s *soak, _ string, _ int) error {
 		return s.w.SB.RestartScheduler(ctx)
 	}},
+}
+
+// realisedOn is a random pod running on node with a realised MIG reservation, and that
+// reservation; nil if there is none.
+func (s *soak) realisedOn(ctx context.Context, node string) (*v1.Pod, api.MigReservation) {
+	var found []v1.Pod
+	var recs []api.MigReservation
+	for _, p := range s.pods(ctx) {
+		r, err := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
+		if err == nil && p.Spec.NodeName == node && p.Status.Phase == v1.PodRunning && p.DeletionTimestamp == nil && len(r) > 0 && r[0].Realized() {
+			found, recs = append(found, p), append(recs, r[0])
+		}
+	}
+	if len(found) == 0 {
+		return nil, api.MigReservation{}
+	}
+	i := s.intn(len(found))
+	return &found[i], recs[i]
 }
 
 // fireFaults fires a random fault at a random node every few seconds until ctx ends.
@@ -388,10 +476,11 @@ func (s *soak) fireFaults(ctx context.Context, t *testing.T) {
 func (s *soak) undo() {
 	for _, n := range s.nodes {
 		for gpu := range n.GPUs {
-			for _, op := range []sim.Op{sim.OpCreateGpuInstance, sim.OpCreateComputeInstance} {
+			for _, op := range []sim.Op{sim.OpCreateGpuInstance, sim.OpCreateComputeInstance, sim.OpDestroyGpuInstance} {
 				s.w.SB.GPUs(n.Name).FailNext(gpu, op, nvml.Success)
 			}
 			s.w.SB.GPUs(n.Name).RecoverGPU(gpu)
+			s.w.SB.GPUs(n.Name).SetResetPending(gpu, false)
 		}
 		_ = s.w.SB.CutAPI(n.Name, false)
 		_ = s.w.SB.SetClockSkew(n.Name, 0)
