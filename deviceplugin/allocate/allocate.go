@@ -472,9 +472,14 @@ func (a *Allocator) realiseOne(ctx context.Context, pod *v1.Pod, r api.MigReserv
 	}
 	in, err := a.opts.Instances.Create(ctx, r.GPUUUID, r.Profile, r.Placement)
 	if err != nil {
+		err = fmt.Errorf("%s: %w", which, err)
+		if instances.IsLeftBehind(err) {
+			// Its rollback failed: the intent stays, accounting for what is left, which
+			// the kubelet's retry (finishIntent) or the reclaim of an ended pod destroys.
+			return made{}, because(reasonCreate, err)
+		}
 		// Create rolled back, so nothing is left; an intent that cannot be forgotten stays,
 		// and claims nothing another pod makes at this placement (destroyAt).
-		err = fmt.Errorf("%s: %w", which, err)
 		if rmErr := a.opts.Checkpoint.Remove(key); rmErr != nil {
 			err = fmt.Errorf("%w; forgetting the intent: %w", err, rmErr)
 		}

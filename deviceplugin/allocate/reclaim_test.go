@@ -273,3 +273,45 @@ func TestHalfUndoneInstanceIsRedone(t *testing.T) {
 		t.Errorf("instances: %+v", gis)
 	}
 }
+
+// TestFailedCreateWhoseRollbackFails: the compute instance cannot be made and the rollback
+// of its GPU instance fails too. What is left is the intent's, which stays recorded: the
+// kubelet's retry clears it and makes the instance; a pod that ends before its retry has it
+// reclaimed. Never an instance no entry accounts for (found by the soak).
+func TestFailedCreateWhoseRollbackFails(t *testing.T) {
+	for _, retried := range []bool{true, false} {
+		t.Run(map[bool]string{true: "retried", false: "pod deleted"}[retried], func(t *testing.T) {
+			e := newEnv(t)
+			ids := e.admit(e.pod("p", pls(at(4, 4))), "c0", 1)
+			e.sim.FailNext(0, sim.OpCreateComputeInstance, nvml.ErrorUnknown)
+			e.sim.FailNext(0, sim.OpDestroyGpuInstance, nvml.ErrorUnknown)
+			if _, err := e.start(ids); err == nil || !strings.Contains(err.Error(), "rollback") {
+				t.Fatalf("want the create and its rollback failing: %v", err)
+			}
+			if gis, entries := e.gis(), e.cp.Entries(); len(gis) != 1 || len(gis[0].ComputeInstances) != 0 || len(entries) != 1 || entries[0].State != checkpoint.Intent {
+				t.Fatalf("want the GPU instance left and the intent that accounts for it: %+v %+v", gis, entries)
+			}
+			if e.gaveUp("p") {
+				t.Fatal("a failed create is retried, not given up")
+			}
+			if retried {
+				if _, err := e.start(ids); err != nil {
+					t.Fatal(err)
+				}
+				if gis := e.gis(); len(gis) != 1 || len(gis[0].ComputeInstances) != 1 {
+					t.Fatalf("want one complete instance: %+v", gis)
+				}
+				return
+			}
+			if err := e.client.CoreV1().Pods("default").Delete(e.ctx, "p", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.a.Reclaim(e.ctx); err != nil {
+				t.Fatal(err)
+			}
+			if gis, entries := e.gis(), e.cp.Entries(); len(gis) != 0 || len(entries) != 0 {
+				t.Fatalf("reclaim must clear what the intent left: %+v %+v", gis, entries)
+			}
+		})
+	}
+}

@@ -196,15 +196,28 @@ func (m *Manager) Create(ctx context.Context, gpuUUID, profile string, placement
 		GPUInstanceID: giInfo.ID, ComputeInstanceID: ciInfo.ID, MigUUID: migUUID, Complete: true}, nil
 }
 
+// LeftBehindError is a failed rollback of a failed Create: part of the instance is still
+// at the placement, and whoever recorded the create must keep that record until it is gone.
+type LeftBehindError struct{ Err error }
+
+func (e *LeftBehindError) Error() string { return e.Err.Error() }
+func (e *LeftBehindError) Unwrap() error { return e.Err }
+
+// IsLeftBehind says whether err is, or wraps, a LeftBehindError.
+func IsLeftBehind(err error) bool {
+	var l *LeftBehindError
+	return errors.As(err, &l)
+}
+
 // rollback destroys a compute instance (if any) and then its GPU instance.
 func rollback(gi nvml.GpuInstance, ci nvml.ComputeInstance) error {
 	if ci != nil {
 		if err := ci.Destroy(); err != nil {
-			return fmt.Errorf("rollback: destroying the compute instance: %w", err)
+			return &LeftBehindError{fmt.Errorf("rollback: destroying the compute instance: %w", err)}
 		}
 	}
 	if err := gi.Destroy(); err != nil {
-		return fmt.Errorf("rollback: destroying the GPU instance: %w", err)
+		return &LeftBehindError{fmt.Errorf("rollback: destroying the GPU instance: %w", err)}
 	}
 	return nil
 }
