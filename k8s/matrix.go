@@ -33,8 +33,10 @@ type Minor struct {
 	// Release is the k8s.io/kubernetes version, "v1.37.2".
 	Release string
 	Status  Status
-	// Raise are the modules this minor needs at a higher version than go.mod has.
-	Raise []module.Version
+	// Pins are the modules this minor's module file holds at a version of its own. Every other
+	// module outside k8s.io is at the newest supported minor's version in every supported
+	// minor's module file (`make modfiles`), so that it compiles once for all of them.
+	Pins []module.Version
 	// Base is set on the first supported minor, which go.mod builds.
 	Base bool
 }
@@ -86,7 +88,7 @@ func parse(text string) ([]Minor, error) {
 			if !ok || module.Check(p, v) != nil {
 				return nil, fmt.Errorf("versions.txt:%d: %q: want module@version", i+1, r)
 			}
-			m.Raise = append(m.Raise, module.Version{Path: p, Version: v})
+			m.Pins = append(m.Pins, module.Version{Path: p, Version: v})
 		}
 		if len(ms) > 0 && semver.Compare(ms[len(ms)-1].Release, m.Release) >= 0 {
 			return nil, fmt.Errorf("versions.txt:%d: %s is not newer than the line before", i+1, m.Release)

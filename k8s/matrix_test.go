@@ -38,7 +38,7 @@ func TestParseRefuses(t *testing.T) {
 		}
 	}
 	ms, err := parse("# c\n1.35 v1.35.4 supported\n1.36 v1.36.3 supported sigs.k8s.io/controller-runtime@v0.24.1\n1.38 v1.38.0-beta.0 preview\n")
-	if err != nil || len(ms) != 3 || !ms[0].Base || ms[1].Base || Newest(ms).Minor != "1.36" || ms[1].Raise[0].Version != "v0.24.1" {
+	if err != nil || len(ms) != 3 || !ms[0].Base || ms[1].Base || Newest(ms).Minor != "1.36" || ms[1].Pins[0].Version != "v0.24.1" {
 		t.Errorf("%+v, %v", ms, err)
 	}
 }

@@ -15,9 +15,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/dynamig/dynamig/webhook/mutation"
 )
 
-var setter = &SchedulerNameSetter{Resource: "nvidia.com/gpu", SchedulerName: "dynamig-scheduler", Replace: []string{"default-scheduler"}}
+var setter = &SchedulerNameSetter{mutation.SchedulerNameSetter{Resource: "nvidia.com/gpu", SchedulerName: "dynamig-scheduler", Replace: []string{"default-scheduler"}}}
 
 func gpuContainer(name string, resources v1.ResourceList, inRequests bool) v1.Container {
 	c := v1.Container{Name: name, Image: "ubuntu:22.04"}
@@ -84,7 +86,7 @@ func TestSchedulerNameSetter(t *testing.T) {
 
 // TestConfiguredNames: another count resource and another list of names to replace.
 func TestConfiguredNames(t *testing.T) {
-	s := &SchedulerNameSetter{Resource: "example.com/gpu", SchedulerName: "dynamig-scheduler", Replace: []string{"default-scheduler", "legacy"}}
+	s := &SchedulerNameSetter{mutation.SchedulerNameSetter{Resource: "example.com/gpu", SchedulerName: "dynamig-scheduler", Replace: []string{"default-scheduler", "legacy"}}}
 	legacy := &v1.Pod{Spec: v1.PodSpec{SchedulerName: "legacy", Containers: []v1.Container{gpuContainer("main", v1.ResourceList{"example.com/gpu": resource.MustParse("1")}, false)}}}
 	if resp := s.Handle(context.Background(), request(t, admissionv1.Create, legacy)); len(resp.Patches) != 1 {
 		t.Errorf("legacy scheduler: %+v", resp)
@@ -119,27 +121,4 @@ func TestHostileQuantity(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no answer within 10 s: the quantity was parsed")
 	}
-}
-
-// FuzzHandle: any object bytes give an answer, never a panic, and a patch only ever sets
-// the scheduler.
-func FuzzHandle(f *testing.F) {
-	seed, _ := json.Marshal(&v1.Pod{Spec: v1.PodSpec{SchedulerName: "default-scheduler", Containers: []v1.Container{gpuContainer("main", gpu("1"), false)}}})
-	f.Add(seed)
-	f.Add([]byte(`{"spec":{"initContainers":[{"resources":{"requests":{"nvidia.com/gpu":"1"}}}]}}`))
-	f.Add([]byte(`null`))
-	f.Add([]byte(`{"spec":{"containers":[{"resources":{"limits":{"nvidia.com/gpu":"1e-99999999"}}}]}}`))
-	f.Fuzz(func(t *testing.T, raw []byte) {
-		req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: admissionv1.Create,
-			Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"}, Object: runtime.RawExtension{Raw: raw}}}
-		resp := setter.Handle(context.Background(), req)
-		if !resp.Allowed && (resp.Result == nil || resp.Result.Code != http.StatusBadRequest) {
-			t.Fatalf("neither allowed nor a bad request: %+v", resp)
-		}
-		for _, p := range resp.Patches {
-			if p.Path != "/spec/schedulerName" || p.Value != "dynamig-scheduler" {
-				t.Fatalf("patched %+v", p)
-			}
-		}
-	})
 }

@@ -1,8 +1,10 @@
 // Command modfiles writes the module file of every Kubernetes minor of k8s/versions.txt but the
 // base (go.mod builds that one): k8s/<minor>/go.mod and go.sum, go.mod with k8s.io/kubernetes and
-// each of that release's staging modules pinned to it, the modules the matrix names raised, then
-// `go mod tidy`. Run from the repository root (`make modfiles`); test/repo's TestKubernetesMatrix
-// fails when a module file's Kubernetes pins disagree with versions.txt.
+// each of that release's staging modules pinned to it, the modules the minor's line pins, then
+// `go mod tidy`. Before the others, it raises every module of go.mod outside k8s.io to the newest
+// supported minor's version (but those the base pins), so that all supported minors build one
+// set of them and a cold `make test` compiles each once. Run from the repository root
+// (`make modfiles`); test/repo's TestKubernetesMatrix fails when a module file disagrees.
 package main
 
 import (
@@ -19,7 +21,6 @@ import (
 	"strings"
 
 	"golang.org/x/mod/modfile"
-	"golang.org/x/mod/semver"
 
 	"github.com/dynamig/dynamig/k8s"
 )
@@ -36,20 +37,119 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	newest := k8s.Newest(ms)
+	for _, m := range ms {
+		if m.Base {
+			if err := align(m, newest); err != nil {
+				return err
+			}
+		}
+	}
 	base, err := os.ReadFile("go.mod")
 	if err != nil {
 		return err
 	}
 	for _, m := range ms {
 		if m.Base {
-			if got := requireOf(base, "k8s.io/kubernetes"); got != m.Release {
-				return fmt.Errorf("go.mod builds k8s.io/kubernetes %s, but k8s/versions.txt's base is %s", got, m.Release)
-			}
 			continue
 		}
 		fmt.Fprintf(os.Stderr, "modfiles: %s (%s)\n", m.ModFile(), m.Release)
 		if err := write(base, m); err != nil {
 			return fmt.Errorf("%s: %w", m.Minor, err)
+		}
+	}
+	return nil
+}
+
+// align raises go.mod's modules outside k8s.io to the versions the newest minor's module file,
+// derived from go.mod, has, sets the base's pins and tidies, until go.mod has nothing to raise
+// (a raised module can bring a new one in).
+func align(base, newest k8s.Minor) error {
+	gomod, err := os.ReadFile("go.mod")
+	if err != nil {
+		return err
+	}
+	if got := requireOf(gomod, "k8s.io/kubernetes"); got != base.Release {
+		return fmt.Errorf("go.mod builds k8s.io/kubernetes %s, but k8s/versions.txt's base is %s", got, base.Release)
+	}
+	if newest.Base {
+		return nil
+	}
+	for round := 1; ; round++ {
+		fmt.Fprintf(os.Stderr, "modfiles: go.mod at %s's modules outside k8s.io (round %d)\n", newest.Minor, round)
+		if err := write(gomod, newest); err != nil {
+			return fmt.Errorf("%s: %w", newest.Minor, err)
+		}
+		data, err := os.ReadFile(newest.ModFile())
+		if err != nil {
+			return err
+		}
+		nf, err := modfile.Parse(newest.ModFile(), data, nil)
+		if err != nil {
+			return err
+		}
+		f, err := modfile.Parse("go.mod", gomod, nil)
+		if err != nil {
+			return err
+		}
+		pinned := map[string]bool{}
+		for _, p := range base.Pins {
+			pinned[p.Path] = true
+		}
+		changed := false
+		for _, r := range f.Require {
+			if strings.HasPrefix(r.Mod.Path, "k8s.io/") || pinned[r.Mod.Path] {
+				continue
+			}
+			if v := requireOf(data, r.Mod.Path); v != "" && v != r.Mod.Version {
+				if err := f.AddRequire(r.Mod.Path, v); err != nil {
+					return err
+				}
+				changed = true
+			}
+		}
+		if goversion.Compare("go"+nf.Go.Version, "go"+f.Go.Version) > 0 && goversion.Compare("go"+nf.Go.Version, runtime.Version()) <= 0 {
+			if err := f.AddGoStmt(nf.Go.Version); err != nil {
+				return err
+			}
+		}
+		for _, p := range base.Pins {
+			if requireOf(gomod, p.Path) != p.Version {
+				if err := f.AddRequire(p.Path, p.Version); err != nil {
+					return err
+				}
+				changed = true
+			}
+		}
+		if !changed {
+			return checkPins(gomod, base)
+		}
+		f.Cleanup()
+		out, err := f.Format()
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile("go.mod", out, 0o644); err != nil {
+			return err
+		}
+		if err := goCmd(nil, "local", "mod", "tidy"); err != nil {
+			return err
+		}
+		if gomod, err = os.ReadFile("go.mod"); err != nil {
+			return err
+		}
+		if round == 5 {
+			return fmt.Errorf("go.mod still changes after %d rounds of raising it to %s's modules", round, newest.Minor)
+		}
+	}
+}
+
+// checkPins fails when tidy raised a pinned module past its pin: another module of the file
+// requires more, and needs pinning too.
+func checkPins(gomod []byte, m k8s.Minor) error {
+	for _, p := range m.Pins {
+		if got := requireOf(gomod, p.Path); got != p.Version {
+			return fmt.Errorf("%s pins %s@%s, but its module file has %s: a module it requires needs that version; pin that one too (k8s/versions.txt)", m.Minor, p.Path, p.Version, got)
 		}
 	}
 	return nil
@@ -107,11 +207,9 @@ func write(base []byte, m k8s.Minor) error {
 			return err
 		}
 	}
-	for _, r := range m.Raise {
-		if semver.Compare(r.Version, requireOf(base, r.Path)) > 0 {
-			if err := f.AddRequire(r.Path, r.Version); err != nil {
-				return err
-			}
+	for _, p := range m.Pins {
+		if err := f.AddRequire(p.Path, p.Version); err != nil {
+			return err
 		}
 	}
 	f.Cleanup()
@@ -148,7 +246,14 @@ func write(base []byte, m k8s.Minor) error {
 	if m.Status == k8s.Preview {
 		args = append(args, "-e")
 	}
-	return goCmd(nil, toolchain(f.Go.Version), args...)
+	if err := goCmd(nil, toolchain(f.Go.Version), args...); err != nil {
+		return err
+	}
+	tidied, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	return checkPins(tidied, m)
 }
 
 // toolchain is the GOTOOLCHAIN that builds a module file whose go line is goLine: this Go, or

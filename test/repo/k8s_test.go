@@ -18,20 +18,43 @@ import (
 
 // TestKubernetesMatrix: everything that names the supported Kubernetes minors follows
 // k8s/versions.txt: go.mod builds the base minor; each other minor has its module file, with
-// k8s.io/kubernetes and every staging module pinned to its release (what `make modfiles`
-// writes); the chart's kubeVersion is the supported range; the README's support table has a row
-// per minor with its release and status.
+// k8s.io/kubernetes and every staging module pinned to its release and the modules its line pins
+// at their versions, every other module outside k8s.io at the newest supported minor's version
+// (what `make modfiles` writes); the chart's kubeVersion is the supported range; the README's
+// support table has a row per minor with its release and status.
 func TestKubernetesMatrix(t *testing.T) {
 	ms, err := k8s.Matrix()
 	if err != nil {
 		t.Fatal(err)
 	}
+	newest := readModFile(t, k8s.Newest(ms).ModFile())
 	var supported []string
 	for _, m := range ms {
 		if m.Status == k8s.Supported {
 			supported = append(supported, m.Minor)
 		}
 		f := readModFile(t, m.ModFile())
+		pinned := map[string]string{}
+		for _, p := range m.Pins {
+			pinned[p.Path] = p.Version
+		}
+		for _, r := range f.Require {
+			if want, ok := pinned[r.Mod.Path]; ok {
+				if r.Mod.Version != want {
+					t.Errorf("%s: %s %s, but k8s/versions.txt pins %s: run `make modfiles`", m.ModFile(), r.Mod.Path, r.Mod.Version, want)
+				}
+				continue
+			}
+			if m.Status != k8s.Supported || strings.HasPrefix(r.Mod.Path, "k8s.io/") {
+				continue
+			}
+			for _, n := range newest.Require {
+				if n.Mod.Path == r.Mod.Path && n.Mod.Version != r.Mod.Version {
+					t.Errorf("%s: %s %s, but the newest minor has %s, which every supported minor shares so that it compiles once: run `make modfiles`, or pin it in k8s/versions.txt where this minor's release needs its own",
+						m.ModFile(), r.Mod.Path, r.Mod.Version, n.Mod.Version)
+				}
+			}
+		}
 		for _, r := range f.Require {
 			if r.Mod.Path == "k8s.io/kubernetes" && r.Mod.Version != m.Release {
 				t.Errorf("%s: k8s.io/kubernetes %s, want %s: run `make modfiles`", m.ModFile(), r.Mod.Version, m.Release)

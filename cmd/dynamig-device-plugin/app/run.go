@@ -2,17 +2,11 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
@@ -29,6 +23,7 @@ import (
 	"github.com/dynamig/dynamig/deviceplugin/metrics"
 	"github.com/dynamig/dynamig/deviceplugin/podresources"
 	"github.com/dynamig/dynamig/deviceplugin/runtimecdi"
+	"github.com/dynamig/dynamig/metricsserver"
 )
 
 type runOptions struct {
@@ -151,23 +146,14 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 		}
 	}
 	logger.Info("Device edits", "mode", edits)
-	if o.metricsAddress != "" {
-		srv := &http.Server{Addr: o.metricsAddress, Handler: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
-		ln, err := net.Listen("tcp", o.metricsAddress)
-		if err != nil {
-			return fmt.Errorf("--metrics-bind-address %s: %w", o.metricsAddress, err)
-		}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				logger.Error(err, "Metrics listener stopped")
-			}
-		}()
-		defer func() {
-			shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(shutdown)
-		}()
+	// The metrics listener stops when Run returns, whether ctx ended or the daemon failed.
+	serveCtx, stopServing := context.WithCancel(ctx)
+	_, served, err := metricsserver.Serve(serveCtx, o.metricsAddress, "--metrics-bind-address", metrics.Registry)
+	if err != nil {
+		stopServing()
+		return err
 	}
+	defer func() { stopServing(); <-served }()
 	for _, w := range cfg.Warnings {
 		logger.Info("Device config warning", "warning", w)
 	}

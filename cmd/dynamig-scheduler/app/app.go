@@ -4,13 +4,8 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"net/http"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
@@ -23,15 +18,13 @@ import (
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 
 	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/metricsserver"
 	"github.com/dynamig/dynamig/plugins/dynamicmig"
 	dynamigversion "github.com/dynamig/dynamig/version"
 )
 
 // Name is the command's name.
 const Name = "dynamig-scheduler"
-
-// metricsShutdownTimeout bounds how long the metrics listener waits for open scrapes.
-const metricsShutdownTimeout = 5 * time.Second
 
 // flags are dynamig's own flags, next to kube-scheduler's.
 type flags struct {
@@ -132,7 +125,7 @@ schedulerName: dynamig-scheduler. Every kube-scheduler flag works as upstream.`
 		logger := klog.FromContext(ctx)
 		info := dynamigversion.Get()
 		logger.Info("Starting dynamig-scheduler", "version", info.Version, "commit", info.Commit, "kubernetes", info.Kubernetes)
-		_, stopped, err := serveMetrics(ctx, f.metricsBindAddress)
+		_, stopped, err := metricsserver.Serve(ctx, f.metricsBindAddress, "--dynamig-metrics-bind-address", dynamicmig.Registry)
 		if err != nil {
 			return err
 		}
@@ -142,40 +135,4 @@ schedulerName: dynamig-scheduler. Every kube-scheduler flag works as upstream.`
 		return err
 	}
 	return cmd
-}
-
-// serveMetrics serves dynamicmig.Registry at /metrics on addr until ctx ends, then shuts the
-// server down gracefully and closes the returned channel. It opens the listener before
-// returning, so a taken port fails the command at once, and returns its address. An empty
-// addr serves nothing (and returns a nil address).
-func serveMetrics(ctx context.Context, addr string) (net.Addr, <-chan struct{}, error) {
-	stopped := make(chan struct{})
-	if addr == "" {
-		close(stopped)
-		return nil, stopped, nil
-	}
-	logger := klog.FromContext(ctx)
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--dynamig-metrics-bind-address: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(dynamicmig.Registry, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	logger.Info("Serving DynamicMIG metrics", "address", ln.Addr().String(), "path", "/metrics")
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error(err, "DynamicMIG metrics server failed", "address", ln.Addr().String())
-		}
-	}()
-	go func() {
-		defer close(stopped)
-		<-ctx.Done()
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metricsShutdownTimeout)
-		defer cancel()
-		if err := srv.Shutdown(shutdownCtx); err != nil {
-			logger.Error(err, "Shutting down the DynamicMIG metrics server")
-		}
-	}()
-	return ln.Addr(), stopped, nil
 }

@@ -4,18 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
@@ -194,51 +189,6 @@ func TestShippedConfigLeaderElection(t *testing.T) {
 	if le.ResourceNamespace != "dynamig-system" || le.ResourceName != "dynamig-scheduler" {
 		t.Errorf("leader election Lease %s/%s, want dynamig-system/dynamig-scheduler", le.ResourceNamespace, le.ResourceName)
 	}
-}
-
-func TestServeMetrics(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	// The plugin's metrics appear once observed; a probe in its registry shows it is served.
-	probe := prometheus.NewGauge(prometheus.GaugeOpts{Name: "dynamig_scheduler_test_probe", Help: "TestServeMetrics' probe."})
-	dynamicmig.Registry.MustRegister(probe)
-	defer dynamicmig.Registry.Unregister(probe)
-	addr, stopped, err := serveMetrics(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "http://" + addr.String() + "/metrics"
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "dynamig_scheduler_test_probe 0") {
-		t.Errorf("GET %s: %s\n%s", url, resp.Status, body)
-	}
-
-	// A second listener on the same address fails at once, naming the flag.
-	if _, _, err := serveMetrics(ctx, addr.String()); err == nil || !strings.Contains(err.Error(), "--dynamig-metrics-bind-address") {
-		t.Errorf("second listener on %s: err = %v", addr, err)
-	}
-
-	cancel()
-	select {
-	case <-stopped:
-	case <-time.After(10 * time.Second):
-		t.Fatal("metrics server did not stop after the context ended")
-	}
-	if _, err := net.DialTimeout("tcp", addr.String(), time.Second); err == nil {
-		t.Errorf("%s still accepts connections after shutdown", addr)
-	}
-
-	// Empty address: nothing served.
-	addr, stopped, err = serveMetrics(context.Background(), "")
-	if err != nil || addr != nil {
-		t.Errorf("empty address: addr %v, err %v", addr, err)
-	}
-	<-stopped
 }
 
 func TestCommandFlags(t *testing.T) {

@@ -32,6 +32,7 @@ import (
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/version"
 	dynamigwebhook "github.com/dynamig/dynamig/webhook"
+	"github.com/dynamig/dynamig/webhook/mutation"
 )
 
 // Exit codes, as dynamig-device-plugin's.
@@ -202,9 +203,9 @@ func (o *Options) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return
 		}
-		mgr.GetWebhookServer().Register(dynamigwebhook.Path, &webhook.Admission{Handler: &dynamigwebhook.SchedulerNameSetter{
+		mgr.GetWebhookServer().Register(dynamigwebhook.Path, &webhook.Admission{Handler: &dynamigwebhook.SchedulerNameSetter{SchedulerNameSetter: mutation.SchedulerNameSetter{
 			Resource: v1.ResourceName(dev.Nvidia.ResourceCountName), SchedulerName: o.SchedulerName, Replace: o.Replace,
-		}})
+		}}})
 		close(serving)
 		logger.Info("Serving the webhook", "address", o.BindAddress, "path", dynamigwebhook.Path, "resource", dev.Nvidia.ResourceCountName, "schedulerName", o.SchedulerName)
 	}()
