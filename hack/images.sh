@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make images: builds images/<binary>/Dockerfile for each binary with the first image builder
-# found (docker with a reachable daemon, podman, buildah), tagged $REGISTRY/<binary>:$VERSION.
+# found (docker with a reachable daemon, podman, buildah), tagged $REGISTRY/<binary>:$VERSION;
+# where none is, the same images as OCI archives in bin/images (hack/images, no daemon).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}
@@ -16,10 +17,9 @@ elif command -v buildah >/dev/null; then
 	builder=(buildah bud)
 fi
 if [ ${#builder[@]} -eq 0 ]; then
-	echo "make images: no image builder here: docker (with a running daemon), podman or buildah is needed." >&2
-	command -v docker >/dev/null && echo "make images: docker is installed, but its daemon does not answer (docker info)." >&2
-	echo "make images: the Dockerfiles are images/*/Dockerfile, built from the repository root." >&2
-	exit 1
+	# No daemon here: the same images as OCI archives, built by package images (hack/images).
+	echo "make images: no image builder (docker with a running daemon, podman, buildah): building OCI archives in bin/images without one." >&2
+	exec go run ./hack/images -out bin/images -version "$VERSION" -commit "$COMMIT" -registry "$REGISTRY"
 fi
 # The Kubernetes matrix (k8s/versions.txt): one scheduler image per supported minor, tagged
 # <version>-k8s<minor>; the device plugin and webhook once, on the newest supported minor.

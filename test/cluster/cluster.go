@@ -60,6 +60,9 @@ const (
 	UserScheduler    = "system:serviceaccount:dynamig-system:dynamig-scheduler"
 	UserDevicePlugin = "system:serviceaccount:dynamig-system:dynamig-device-plugin"
 	UserWebhook      = "system:serviceaccount:dynamig-system:dynamig-webhook"
+	// UserControllerManager is kube-controller-manager's user, outside system:masters: RBAC's
+	// bootstrap policy grants it what it needs, as on a real control plane.
+	UserControllerManager = "system:kube-controller-manager"
 )
 
 // Options configure the control plane. The zero value is a usable default.
@@ -73,6 +76,13 @@ type Options struct {
 	APIServerFlags []string
 	// Log receives the API server's test logger output and etcd's errors; nil discards it.
 	Log io.Writer
+	// Controllers, when set, starts kube-controller-manager's controllers once the API server
+	// runs (package controllermanager's Start, which only the suites that need it link), and
+	// the API server then admits as a real one does: ServiceAccount (pods get their service
+	// account's token) and TaintNodesByCondition (a new node is not ready until node lifecycle
+	// says so). Without it nothing makes the pods of a Deployment or Job, nothing lifts a
+	// node's not-ready taint, and no ServiceAccount or token exists unless a test makes it.
+	Controllers func(ctx context.Context, cp *ControlPlane) (stop func(), err error)
 }
 
 // ControlPlane is a running etcd and kube-apiserver.
@@ -90,12 +100,14 @@ type ControlPlane struct {
 	// EtcdURL is the embedded etcd's client URL.
 	EtcdURL string
 
-	base     *rest.Config // the loopback config: host and TLS, no credentials
-	tokens   map[string]string
-	etcd     *embed.Etcd
-	server   kubeapiservertesting.TestServer
-	tb       *processTB // nil when a test's TB drives the server
-	stopOnce sync.Once
+	base            *rest.Config // the loopback config: host and TLS, no credentials
+	caFile          string       // the API server's serving certificate, self-signed
+	stopControllers func()
+	tokens          map[string]string
+	etcd            *embed.Etcd
+	server          kubeapiservertesting.TestServer
+	tb              *processTB // nil when a test's TB drives the server
+	stopOnce        sync.Once
 }
 
 // Start starts a control plane for a test: tb gets the API server's logs and a cleanup that
@@ -150,10 +162,11 @@ func start(ctx context.Context, tb ktesting.TB, ptb *processTB, opts Options) (_
 	}
 
 	users := map[string][]string{
-		UserAdmin:        {"system:masters"},
-		UserScheduler:    {"system:masters"},
-		UserDevicePlugin: {"system:masters"},
-		UserWebhook:      {"system:masters"},
+		UserAdmin:             {"system:masters"},
+		UserScheduler:         {"system:masters"},
+		UserDevicePlugin:      {"system:masters"},
+		UserWebhook:           {"system:masters"},
+		UserControllerManager: nil,
 	}
 	for u, g := range opts.Users {
 		users[u] = g
@@ -185,12 +198,18 @@ func start(ctx context.Context, tb ktesting.TB, ptb *processTB, opts Options) (_
 
 	storage := storagebackend.NewDefaultConfig(path.Join("/", randomHex(8), "registry"), nil)
 	storage.Transport.ServerList = []string{cp.EtcdURL}
+	cp.caFile = certFile
+	// Without kube-controller-manager nothing would make the ServiceAccounts the ServiceAccount
+	// admission plugin requires, nor lift the not-ready taint TaintNodesByCondition puts on new
+	// nodes.
+	disabled := "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition"
+	if opts.Controllers != nil {
+		disabled = "--disable-admission-plugins="
+	}
 	flags := []string{
-		// No kube-controller-manager and no kubelet: nothing maintains the kubernetes
-		// Service's endpoints, no ServiceAccount tokens exist, and no node lifecycle
-		// controller would lift the not-ready taint TaintNodesByCondition puts on new nodes.
+		// One API server, in-process: nothing maintains the kubernetes Service's endpoints.
 		"--endpoint-reconciler-type=none",
-		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+		disabled,
 		"--tls-cert-file=" + certFile,
 		"--tls-private-key-file=" + keyFile,
 		// One API server has no peers to proxy to. From 1.36 the peer proxy is on (beta); the
@@ -236,8 +255,17 @@ func start(ctx context.Context, tb ktesting.TB, ptb *processTB, opts Options) (_
 			return nil, fmt.Errorf("creating namespace %s: %w", name, err)
 		}
 	}
+	if opts.Controllers != nil {
+		if cp.stopControllers, err = opts.Controllers(ctx, cp); err != nil {
+			return nil, fmt.Errorf("starting kube-controller-manager: %w", err)
+		}
+	}
 	return cp, nil
 }
+
+// CAFile is the API server's serving certificate (self-signed, so its own CA): what
+// kube-controller-manager publishes to every namespace as kube-root-ca.crt.
+func (cp *ControlPlane) CAFile() string { return cp.caFile }
 
 // auditPolicy records every write at Metadata level (who, verb, object), nothing else.
 const auditPolicy = `apiVersion: audit.k8s.io/v1
@@ -253,6 +281,9 @@ rules:
 // idempotent. Stop any scheduler started on the control plane first.
 func (cp *ControlPlane) Stop() {
 	cp.stopOnce.Do(func() {
+		if cp.stopControllers != nil {
+			cp.stopControllers()
+		}
 		if cp.server.TearDownFn != nil {
 			cp.server.TearDownFn()
 		}
@@ -379,8 +410,12 @@ func (cp *ControlPlane) writeTokens(users map[string][]string) (string, error) {
 	for i, u := range names {
 		token := randomHex(16)
 		cp.tokens[u] = token
-		// token,user,uid,"group1,group2"
-		fmt.Fprintf(&b, "%s,%s,%d,%q\n", token, u, 1000+i, strings.Join(users[u], ","))
+		// token,user,uid[,"group1,group2"]
+		fmt.Fprintf(&b, "%s,%s,%d", token, u, 1000+i)
+		if len(users[u]) > 0 {
+			fmt.Fprintf(&b, ",%q", strings.Join(users[u], ","))
+		}
+		b.WriteString("\n")
 	}
 	p := filepath.Join(cp.Dir, "tokens.csv")
 	return p, os.WriteFile(p, []byte(b.String()), 0o600)

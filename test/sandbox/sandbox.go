@@ -60,6 +60,10 @@ type Options struct {
 	// Kubelet is the kubelet binary the nodes run; "" is kubeletnode.Binary() ($DYNAMIG_KUBELET,
 	// else built from the module).
 	Kubelet string
+	// Controllers starts kube-controller-manager (cluster.Options.Controllers): pass
+	// controllermanager.Start for a sandbox where Deployments, Jobs and DaemonSets make pods,
+	// node lifecycle runs and pods get service-account tokens. nil: none, as the fast suites run.
+	Controllers func(ctx context.Context, cp *cluster.ControlPlane) (stop func(), err error)
 }
 
 // Sandbox is a running in-process cluster.
@@ -161,7 +165,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	for _, n := range opts.Config.Nodes {
 		users[nodeUser(n.Name)] = []string{"system:masters", "system:nodes"}
 	}
-	if s.cp, err = cluster.StartProcess(ctx, cluster.Options{Users: users, Log: log}); err != nil {
+	if s.cp, err = cluster.StartProcess(ctx, cluster.Options{Users: users, Log: log, Controllers: opts.Controllers}); err != nil {
 		return nil, err
 	}
 	if s.admin, err = s.cp.Client(cluster.UserAdmin); err != nil {

@@ -1,0 +1,327 @@
+// Package workloads tests GPU pods made the way users make them, by kube-controller-manager's
+// controllers on the sandbox (sandbox.Options.Controllers): a Deployment scaled, a node
+// drained and uncordoned, a Job run to completion. Its own package, so that only this suite
+// and the sandbox command link kube-controller-manager (test/cluster/controllermanager).
+package workloads
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/test/cluster/controllermanager"
+	"github.com/dynamig/dynamig/test/sandbox"
+	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
+	"github.com/dynamig/dynamig/test/sandbox/sandboxtest"
+)
+
+// kubectl is the real kubectl, built from the pinned modules (cmd/kubectl) for the drain: its
+// drain library cannot be linked here (through kustomize it imports Go's plugin package, and a
+// binary that does is bound at load time, which go-nvml's deliberately unresolved NVML symbols,
+// linked through the device plugin, cannot be).
+var kubectl string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	sandbox.QuietLogs(testing.Verbose())
+	dir, err := os.MkdirTemp("", "workloads-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	kubectl = filepath.Join(dir, "kubectl")
+	if out, err := exec.Command("go", "build", "-ldflags=-w", "-o", kubectl, "github.com/dynamig/dynamig/cmd/kubectl").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building kubectl: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// kubectlRun runs kubectl against the sandbox, failing the test with its output.
+func (w *world) kubectlRun(args ...string) {
+	w.T.Helper()
+	ctx, cancel := context.WithTimeout(w.Ctx, 3*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", w.SB.Kubeconfig()}, args...)...).CombinedOutput()
+	if err != nil {
+		w.T.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// world is a sandbox with kube-controller-manager: two nodes of one A100-40GB each.
+type world struct{ sandboxtest.World }
+
+const a100 = "A100-40GB"
+
+func start(t *testing.T) *world {
+	t.Helper()
+	nodes := []sandboxconfig.NodeConfig{
+		{Name: "n1", Mode: api.ModeMIG, GPUs: []string{a100}},
+		{Name: "n2", Mode: api.ModeMIG, GPUs: []string{a100}},
+	}
+	return &world{sandboxtest.Start(t, sandbox.Options{Config: sandboxconfig.Config{Nodes: nodes},
+		Install: "../../manifests/install.yaml", Controllers: controllermanager.Start}, 3*time.Minute)}
+}
+
+// template is a pod template asking for one MIG device of memory MiB, as a user writes it:
+// no schedulerName (the webhook sets it), the MIG mode annotation.
+func template(app string, memory int) v1.PodTemplateSpec {
+	return v1.PodTemplateSpec{
+		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": app}, Annotations: map[string]string{api.VGPUModeAnnotation: api.ModeMIG}},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "main", Image: "ubuntu:22.04", Command: []string{"sleep", "infinity"},
+			Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
+				api.ResourceCount:  *resource.NewQuantity(1, resource.DecimalSI),
+				api.ResourceMemory: *resource.NewQuantity(int64(memory), resource.DecimalSI)}}}}},
+	}
+}
+
+// realised lists the app's pods that run with every reservation realised, and says what the
+// others lack.
+func (w *world) realised(app string) (ready []v1.Pod, others []string) {
+	pods, err := w.C.CoreV1().Pods("default").List(w.Ctx, metav1.ListOptions{LabelSelector: labels.Set{"app": app}.String()})
+	if err != nil {
+		return nil, []string{err.Error()}
+	}
+	for _, p := range pods.Items {
+		if why := notRealised(&p); why != "" {
+			others = append(others, p.Name+": "+why)
+			continue
+		}
+		ready = append(ready, p)
+	}
+	return ready, others
+}
+
+func notRealised(p *v1.Pod) string {
+	if p.DeletionTimestamp != nil {
+		return "terminating"
+	}
+	if p.Status.Phase != v1.PodRunning {
+		return string(p.Status.Phase)
+	}
+	recs, err := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
+	if err != nil || len(recs) == 0 {
+		return fmt.Sprintf("no reservation (%v)", err)
+	}
+	for _, r := range recs {
+		if !r.Realized() {
+			return "not realised"
+		}
+	}
+	return ""
+}
+
+// instances counts the MIG instances on the nodes, by owning pod.
+func (w *world) instances(nodes ...string) (n int, owners map[string]int, err error) {
+	owners = map[string]int{}
+	for _, node := range nodes {
+		ins, err := w.SB.Instances(node)
+		if err != nil {
+			return 0, nil, err
+		}
+		for _, in := range ins {
+			owners[in.PodName]++
+		}
+		n += len(ins)
+	}
+	return n, owners, nil
+}
+
+// settle waits until exactly want of the app's pods run realised, no other pod of it
+// exists, and the nodes hold exactly their instances, one each.
+func (w *world) settle(app string, want int, timeout time.Duration, nodes ...string) []v1.Pod {
+	w.T.Helper()
+	defer func() {
+		if w.T.Failed() {
+			w.dump()
+		}
+	}()
+	var ready []v1.Pod
+	w.WaitFor(fmt.Sprintf("%d realised %s pods and their instances only", want, app), timeout, func() (bool, string) {
+		var others []string
+		ready, others = w.realised(app)
+		if len(ready) != want || len(others) > 0 {
+			return false, fmt.Sprintf("%d realised, want %d; others: %s", len(ready), want, strings.Join(others, "; "))
+		}
+		n, owners, err := w.instances(nodes...)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range ready {
+			if owners[p.Name] != 1 {
+				return false, fmt.Sprintf("%s has %d instances", p.Name, owners[p.Name])
+			}
+		}
+		return n == want, fmt.Sprintf("%d instances for %d pods", n, want)
+	})
+	return ready
+}
+
+func TestWorkloads(t *testing.T) {
+	// In progress (issue 26): kube-controller-manager starts and its service-account
+	// controller makes the default ServiceAccount, but the Deployment controller never
+	// observes a Deployment (no ReplicaSet, no event) within 30 s; its logs are next to read.
+	t.Skip("in progress: kube-controller-manager's workload controllers make no pods yet (issue 26)")
+	w := start(t)
+	nodes := []string{"n1", "n2"}
+
+	// A Deployment of one-slice pods scaled 6 → 2 → 9: each time exactly that many replicas
+	// run on realised instances, and exactly that many instances exist.
+	t.Run("Deployment scaled 6, 2, 9", func(t *testing.T) {
+		w := &world{w.For(t)}
+		deploys := w.C.AppsV1().Deployments("default")
+		d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "infer"}, Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](6), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "infer"}},
+			Template: template("infer", 4000)}}
+		if _, err := deploys.Create(w.Ctx, d, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, replicas := range []int32{6, 2, 9} {
+			if replicas != 6 {
+				scale, err := deploys.GetScale(w.Ctx, "infer", metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				scale.Spec.Replicas = replicas
+				if _, err := deploys.UpdateScale(w.Ctx, "infer", scale, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w.settle("infer", int(replicas), 2*time.Minute, nodes...)
+		}
+		if err := deploys.Delete(w.Ctx, "infer", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil {
+			t.Fatal(err)
+		}
+		w.settle("infer", 0, 2*time.Minute, nodes...)
+	})
+
+	// kubectl drain of a GPU node evicts its replicas, whose
+	// instances are reclaimed; the other node is full, so the replacements wait, and after
+	// uncordon they run on the drained node again.
+	t.Run("drain and uncordon", func(t *testing.T) {
+		w := &world{w.For(t)}
+		deploys := w.C.AppsV1().Deployments("default")
+		// Three 2g.10gb per A100-40GB: six fill both nodes.
+		d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "train"}, Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](6), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "train"}},
+			Template: template("train", 9000)}}
+		if _, err := deploys.Create(w.Ctx, d, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		w.settle("train", 6, 2*time.Minute, nodes...)
+
+		w.kubectlRun("drain", "n1", "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=2m")
+		w.WaitFor("n1's instances reclaimed and its replicas' replacements pending", 2*time.Minute, func() (bool, string) {
+			n, _, err := w.instances("n1")
+			if err != nil || n != 0 {
+				return false, fmt.Sprintf("%d instances on n1 (%v)", n, err)
+			}
+			ready, others := w.realised("train")
+			pending := 0
+			for _, o := range others {
+				if strings.HasSuffix(o, ": Pending") {
+					pending++
+				}
+			}
+			return len(ready) == 3 && pending == 3, fmt.Sprintf("%d realised, others: %s", len(ready), strings.Join(others, "; "))
+		})
+		for _, p := range w.mustList("train") {
+			if p.DeletionTimestamp == nil && p.Spec.NodeName == "n1" {
+				t.Errorf("%s bound to the cordoned n1", p.Name)
+			}
+		}
+
+		w.kubectlRun("uncordon", "n1")
+		onN1 := 0
+		for _, p := range w.settle("train", 6, 2*time.Minute, nodes...) {
+			if p.Spec.NodeName == "n1" {
+				onN1++
+			}
+		}
+		if onN1 != 3 {
+			t.Errorf("%d replicas on n1 after uncordon, want 3", onN1)
+		}
+		if err := deploys.Delete(w.Ctx, "train", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil {
+			t.Fatal(err)
+		}
+		w.settle("train", 0, 2*time.Minute, nodes...)
+	})
+
+	// A Job's pod runs on its instance, its process exits 0, the Job completes and the
+	// instance is reclaimed.
+	t.Run("Job", func(t *testing.T) {
+		w := &world{w.For(t)}
+		tmpl := template("batch", 4000)
+		tmpl.Spec.RestartPolicy = v1.RestartPolicyNever
+		job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "batch"}, Spec: batchv1.JobSpec{Template: tmpl, BackoffLimit: ptr.To[int32](0)}}
+		if _, err := w.C.BatchV1().Jobs("default").Create(w.Ctx, job, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		p := w.settle("batch", 1, 2*time.Minute, nodes...)[0]
+		if err := w.SB.FinishPod(w.Ctx, "default", p.Name, true); err != nil {
+			t.Fatal(err)
+		}
+		w.WaitFor("the Job complete and its instance reclaimed", 2*time.Minute, func() (bool, string) {
+			j, err := w.C.BatchV1().Jobs("default").Get(w.Ctx, "batch", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			n, _, err := w.instances(nodes...)
+			return j.Status.Succeeded == 1 && err == nil && n == 0, fmt.Sprintf("succeeded %d, %d instances (%v)", j.Status.Succeeded, n, err)
+		})
+	})
+
+	if err := w.SB.WaitInvariants(w.Ctx, time.Minute, nil); err != nil {
+		t.Error(err)
+	}
+}
+
+func (w *world) mustList(app string) []v1.Pod {
+	w.T.Helper()
+	pods, err := w.C.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{LabelSelector: labels.Set{"app": app}.String()})
+	if err != nil {
+		w.T.Fatal(err)
+	}
+	return pods.Items
+}
+
+// dump logs the namespace's events and the workloads' status, for a failure.
+func (w *world) dump() {
+	for _, ns := range []string{"default", "kube-system"} {
+		evs, err := w.C.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			w.T.Log(err)
+			continue
+		}
+		for _, e := range evs.Items {
+			w.T.Logf("event %s %s/%s %s: %s", ns, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+		}
+	}
+	if rss, err := w.C.AppsV1().ReplicaSets("default").List(context.Background(), metav1.ListOptions{}); err == nil {
+		for _, rs := range rss.Items {
+			w.T.Logf("replicaset %s: %+v", rs.Name, rs.Status)
+		}
+	}
+	if ds, err := w.C.AppsV1().Deployments("default").List(context.Background(), metav1.ListOptions{}); err == nil {
+		for _, d := range ds.Items {
+			w.T.Logf("deployment %s: %+v", d.Name, d.Status)
+		}
+	}
+}
