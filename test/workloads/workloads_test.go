@@ -175,10 +175,10 @@ func (w *world) settle(app string, want int, timeout time.Duration, nodes ...str
 }
 
 func TestWorkloads(t *testing.T) {
-	// In progress (issue 26): kube-controller-manager starts and its service-account
-	// controller makes the default ServiceAccount, but the Deployment controller never
-	// observes a Deployment (no ReplicaSet, no event) within 30 s; its logs are next to read.
-	t.Skip("in progress: kube-controller-manager's workload controllers make no pods yet (issue 26)")
+	// In progress (issue 26): the Deployment scaled 6 → 2 → 9 passes (6.5 s), but after its
+	// pods are deleted the next GPU pods (the drain's Deployment, the Job's pod) stay Pending
+	// for two minutes and the invariants fail: to be found before this suite runs.
+	t.Skip("in progress: GPU pods after the first Deployment's deletion stay Pending (issue 26)")
 	w := start(t)
 	nodes := []string{"n1", "n2"}
 

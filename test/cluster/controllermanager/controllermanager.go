@@ -36,8 +36,8 @@ import (
 // kubernetes.io/service-account-token: it signs with the API server's service-account key, and
 // the test API server keeps its key to itself (a file it removes once started). Pods get their
 // tokens from the TokenRequest API, as on every cluster since 1.24. It returns once the service-account controller has made the default namespace's
-// ServiceAccount, the sign that the controllers run. stop ends it and waits for it; so does
-// the end of ctx, after which stop only waits.
+// ServiceAccount, the sign that the controllers run; ctx bounds that wait only. stop ends it and
+// waits for it.
 func Start(ctx context.Context, cp *cluster.ControlPlane) (stop func(), err error) {
 	kubeconfig, err := cp.WriteKubeconfig(cluster.UserControllerManager)
 	if err != nil {
@@ -86,7 +86,8 @@ func Start(ctx context.Context, cp *cluster.ControlPlane) (stop func(), err erro
 		return nil, fmt.Errorf("kube-controller-manager config: %w", err)
 	}
 
-	runCtx, cancel := context.WithCancel(ctx)
+	// ctx bounds the start only (the control plane's start passes its own, which ends with it).
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
 	go func() { done <- app.Run(runCtx, c.Complete()) }()
 	var once sync.Once
