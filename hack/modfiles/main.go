@@ -50,8 +50,8 @@ func run() error {
 		return err
 	}
 	for _, m := range ms {
-		if m.Base {
-			continue
+		if m.Base || m.Minor == newest.Minor && !newest.Base {
+			continue // align wrote the newest's from this go.mod in its last round
 		}
 		fmt.Fprintf(os.Stderr, "modfiles: %s (%s)\n", m.ModFile(), m.Release)
 		if err := write(base, m); err != nil {

@@ -92,14 +92,25 @@ func template(app string, memory int) v1.PodTemplateSpec {
 	}
 }
 
+// deploy creates a Deployment of replicas pods of template(app, memory).
+func (w *world) deploy(app string, replicas int32, memory int) {
+	w.T.Helper()
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: app}, Spec: appsv1.DeploymentSpec{
+		Replicas: ptr.To(replicas), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": app}},
+		Template: template(app, memory)}}
+	if _, err := w.C.AppsV1().Deployments("default").Create(w.Ctx, d, metav1.CreateOptions{}); err != nil {
+		w.T.Fatal(err)
+	}
+}
+
 // realised lists the app's pods that run with every reservation realised, and says what the
 // others lack.
 func (w *world) realised(app string) (ready []v1.Pod, others []string) {
-	pods, err := w.C.CoreV1().Pods("default").List(w.Ctx, metav1.ListOptions{LabelSelector: labels.Set{"app": app}.String()})
+	pods, err := w.list(app)
 	if err != nil {
 		return nil, []string{err.Error()}
 	}
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		if why := notRealised(&p); why != "" {
 			others = append(others, p.Name+": "+why)
 			continue
@@ -190,12 +201,7 @@ func TestWorkloads(t *testing.T) {
 	t.Run("Deployment scaled 6, 2, 9", func(t *testing.T) {
 		w := &world{w.For(t)}
 		deploys := w.C.AppsV1().Deployments("default")
-		d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "infer"}, Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](6), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "infer"}},
-			Template: template("infer", 4000)}}
-		if _, err := deploys.Create(w.Ctx, d, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		w.deploy("infer", 6, 4000)
 		for _, replicas := range []int32{6, 2, 9} {
 			if replicas != 6 {
 				scale, err := deploys.GetScale(w.Ctx, "infer", metav1.GetOptions{})
@@ -222,12 +228,7 @@ func TestWorkloads(t *testing.T) {
 		w := &world{w.For(t)}
 		deploys := w.C.AppsV1().Deployments("default")
 		// Three 2g.10gb per A100-40GB: six fill both nodes.
-		d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "train"}, Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](6), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "train"}},
-			Template: template("train", 9000)}}
-		if _, err := deploys.Create(w.Ctx, d, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		w.deploy("train", 6, 9000)
 		w.settle("train", 6, 2*time.Minute, nodes...)
 
 		w.kubectlRun("drain", "n1", "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=2m")
@@ -296,13 +297,22 @@ func TestWorkloads(t *testing.T) {
 	}
 }
 
+// list lists the app's pods.
+func (w *world) list(app string) ([]v1.Pod, error) {
+	pods, err := w.C.CoreV1().Pods("default").List(w.Ctx, metav1.ListOptions{LabelSelector: labels.Set{"app": app}.String()})
+	if err != nil {
+		return nil, err
+	}
+	return pods.Items, nil
+}
+
 func (w *world) mustList(app string) []v1.Pod {
 	w.T.Helper()
-	pods, err := w.C.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{LabelSelector: labels.Set{"app": app}.String()})
+	pods, err := w.list(app)
 	if err != nil {
 		w.T.Fatal(err)
 	}
-	return pods.Items
+	return pods
 }
 
 // dump logs the namespace's events and the workloads' status, for a failure.

@@ -1,7 +1,7 @@
 // Package controllermanager runs the real kube-controller-manager in-process against a control
 // plane of package cluster: its default controllers — Deployments, ReplicaSets, Jobs,
-// DaemonSets, StatefulSets, the garbage collector, node lifecycle, service accounts,
-// tokens, the root CA publisher, namespaces — so that workloads make their pods as on a real
+// DaemonSets, StatefulSets, the garbage collector, node lifecycle, service accounts, the
+// root CA publisher, namespaces — so that workloads make their pods as on a real
 // cluster. It is a package of its own so that only the suites that run it link it: its build
 // is about 20 MB of Kubernetes source beyond the API server's and the kubelet's, and every
 // Kubernetes minor's suite builds package cluster.
