@@ -15,6 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+	daemonutil "k8s.io/kubernetes/pkg/controller/daemon/util"
+
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/manifests"
 	"github.com/dynamig/dynamig/test/cluster"
@@ -41,10 +44,10 @@ type install struct {
 	schedulerConfig string
 }
 
-// readInstall reads the manifest at path and makes the sandbox's two changes to it: the device
-// ConfigMap holds the sandbox's device config (its nodes' modes), and the webhook
-// configuration calls the in-process webhook at webhookURL (the sandbox has no Service
-// routing).
+// readInstall reads the manifest at path and makes the sandbox's changes to it: the device
+// ConfigMap holds the sandbox's device config (its nodes' modes), the webhook configuration
+// calls the in-process webhook at webhookURL (the sandbox has no Service routing), and the
+// scheduler's and webhook's Deployments have no replicas.
 func readInstall(path string, deviceConfig []byte, webhookURL string) (*install, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -75,6 +78,18 @@ func readInstall(path string, deviceConfig []byte, webhookURL string) (*install,
 	}
 	if err := unstructured.SetNestedSlice(mwc.Object, hooks, "webhooks"); err != nil {
 		return nil, err
+	}
+	// The scheduler and the webhook run in the sandbox's process, as a pod the sandbox makes
+	// (identity): their Deployments make none of their own, whose pods would wait for a
+	// default scheduler the sandbox does not run.
+	for _, name := range []string{schedulerWorkload, webhookName} {
+		d := manifests.Find(objs, "Deployment", name)
+		if d == nil {
+			return nil, fmt.Errorf("%s: no Deployment %s", path, name)
+		}
+		if err := unstructured.SetNestedField(d.Object, int64(0), "spec", "replicas"); err != nil {
+			return nil, err
+		}
 	}
 	return in, nil
 }
@@ -134,6 +149,51 @@ func (s *Sandbox) identity(ctx context.Context, workload *unstructured.Unstructu
 		return "", err
 	}
 	return s.cp.WriteTokenKubeconfig(created.Name, token)
+}
+
+// daemonPodIdentity is identity where kube-controller-manager runs: the device plugin's pod
+// on node is the one its DaemonSet's controller makes (a pod the sandbox made would be
+// adopted and replaced by it, which revokes the pod's token), and the kubeconfig holds a token
+// bound to that pod. The sandbox binds the pod to its node as the default scheduler would (it
+// runs none; the DaemonSet's pods name their node in a required node affinity). The pod
+// runs unchanged on the node's runtime: its host paths resolve in the kubelet's own mount
+// namespace (/var/lib/kubelet is the node's directory there, /run a tmpfs).
+func (s *Sandbox) daemonPodIdentity(ctx context.Context, daemonSet *unstructured.Unstructured, node string) (string, error) {
+	var pod *v1.Pod
+	pods := s.admin.CoreV1().Pods(daemonSet.GetNamespace())
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		list, err := pods.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for i := range list.Items {
+			p := &list.Items[i]
+			owner := metav1.GetControllerOf(p)
+			if p.DeletionTimestamp != nil || owner == nil || owner.Kind != "DaemonSet" || owner.Name != daemonSet.GetName() {
+				continue
+			}
+			if target, err := daemonutil.GetTargetNodeName(p); err == nil && target == node {
+				pod = p
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("waiting for DaemonSet %s's pod on %s: %w", daemonSet.GetName(), node, err)
+	}
+	if pod.Spec.NodeName == "" {
+		binding := &v1.Binding{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, UID: pod.UID}, Target: v1.ObjectReference{Kind: "Node", Name: node}}
+		if err := pods.Bind(ctx, binding, metav1.CreateOptions{}); err != nil {
+			return "", fmt.Errorf("binding DaemonSet %s's pod %s to %s: %w", daemonSet.GetName(), pod.Name, node, err)
+		}
+		pod.Spec.NodeName = node
+	}
+	token, err := cluster.ServiceAccountToken(ctx, s.admin, pod, tokenLifetime)
+	if err != nil {
+		return "", err
+	}
+	return s.cp.WriteTokenKubeconfig(pod.Name, token)
 }
 
 // devicePluginPaths points the device plugin's pod's host paths at node's own kubelet

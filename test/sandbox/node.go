@@ -144,7 +144,12 @@ func (n *node) start(ctx context.Context, kubelet string, daemonSet *unstructure
 			return fmt.Errorf("labelling the Node for the device plugin's DaemonSet: %w", err)
 		}
 	}
-	if n.dpKubeconfig, err = n.s.identity(ctx, daemonSet, n.cfg.Name, devicePluginPaths(n)); err != nil {
+	if n.s.controllers {
+		n.dpKubeconfig, err = n.s.daemonPodIdentity(ctx, daemonSet, n.cfg.Name)
+	} else {
+		n.dpKubeconfig, err = n.s.identity(ctx, daemonSet, n.cfg.Name, devicePluginPaths(n))
+	}
+	if err != nil {
 		return err
 	}
 	api, err := url.Parse(n.s.cp.Config.Host)

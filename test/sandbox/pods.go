@@ -11,6 +11,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/dynamig/dynamig/api"
@@ -145,4 +146,80 @@ func notRunning(p *v1.Pod) string {
 		return fmt.Sprintf("reservation %d not realised (bind-phase %q)", i, p.Annotations[api.BindPhaseAnnotation])
 	}
 	return ""
+}
+
+// WaitReplicas waits until exactly want pods of namespace match selector (a label selector),
+// none of them terminating, each running with its reservations realised and holding one MIG
+// instance per reservation, and no MIG instance in the sandbox belongs to a pod of namespace
+// that no longer exists: a workload's controller has scaled it, and the scheduler and the
+// device plugins have caught up. The error of a timeout says what is missing.
+func (s *Sandbox) WaitReplicas(ctx context.Context, timeout time.Duration, namespace, selector string, want int) ([]v1.Pod, error) {
+	sel, err := labels.Parse(selector)
+	if err != nil {
+		return nil, err
+	}
+	var ready []v1.Pod
+	var missing string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		ready, missing = s.replicas(ctx, namespace, sel, want)
+		return missing == "", nil
+	})
+	if err != nil {
+		return ready, fmt.Errorf("waiting %s for %d pods %s of %s to run realised: %w; %s", timeout, want, selector, namespace, err, missing)
+	}
+	return ready, nil
+}
+
+// replicas is WaitReplicas' test: the ready pods, and what is missing ("" when nothing).
+func (s *Sandbox) replicas(ctx context.Context, namespace string, sel labels.Selector, want int) (ready []v1.Pod, missing string) {
+	pods, err := s.admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err.Error()
+	}
+	live := map[string]int{} // a live pod's reservations
+	var others []string
+	for _, p := range pods.Items {
+		recs, _ := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
+		live[p.Name] = len(recs)
+		if !sel.Matches(labels.Set(p.Labels)) {
+			continue
+		}
+		why := notRunning(&p)
+		if p.DeletionTimestamp != nil {
+			why = "terminating"
+		}
+		if why != "" {
+			others = append(others, p.Name+": "+why)
+			continue
+		}
+		ready = append(ready, p)
+	}
+	if len(ready) != want || len(others) > 0 {
+		return ready, fmt.Sprintf("%d running realised, want %d; others: %s", len(ready), want, strings.Join(others, "; "))
+	}
+	held := map[string]int{}
+	for _, n := range s.nodes {
+		if n.cfg.Mode != api.ModeMIG {
+			continue
+		}
+		instances, err := s.Instances(n.cfg.Name)
+		if err != nil {
+			return ready, err.Error()
+		}
+		for _, in := range instances {
+			if in.PodNamespace != namespace {
+				continue
+			}
+			if _, ok := live[in.PodName]; !ok {
+				return ready, fmt.Sprintf("%s's instance %s outlives its pod", n.cfg.Name, in)
+			}
+			held[in.PodName]++
+		}
+	}
+	for _, p := range ready {
+		if held[p.Name] != live[p.Name] {
+			return ready, fmt.Sprintf("%s holds %d instances for %d reservations", p.Name, held[p.Name], live[p.Name])
+		}
+	}
+	return ready, ""
 }

@@ -76,6 +76,9 @@ type Sandbox struct {
 	log          io.Writer
 	// createLatency is Options.CreateLatency, for the nodes' simulators.
 	createLatency time.Duration
+	// controllers: kube-controller-manager runs (Options.Controllers), so the device plugins'
+	// pods are their DaemonSet's (daemonPodIdentity).
+	controllers bool
 
 	schedulerStop    func()
 	schedulerMetrics string
@@ -129,7 +132,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	if log == nil {
 		log = io.Discard
 	}
-	s := &Sandbox{log: log, createLatency: opts.CreateLatency}
+	s := &Sandbox{log: log, createLatency: opts.CreateLatency, controllers: opts.Controllers != nil}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
