@@ -11,7 +11,12 @@ import (
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/test/sandbox"
@@ -19,7 +24,8 @@ import (
 )
 
 // runDemo starts the default world, applies the example pods, waits until they run with
-// realised reservations, prints their reservations and the GPUs' occupancy, and stops.
+// realised reservations, prints their reservations and the GPUs' occupancy, scales a
+// Deployment of GPU pods up and down (scaleDeployment), and stops.
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("dynamig-sandbox demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -145,7 +151,66 @@ func demo(ctx context.Context, s *sandbox.Sandbox, pods []*v1.Pod, out io.Writer
 			fmt.Fprintf(out, "  %s %s\n", n.Name, i)
 		}
 	}
-	return nil
+	return scaleDeployment(ctx, s, running, out)
+}
+
+// scaleDeployment shows kube-controller-manager's pods taking MIG instances: it deletes the
+// examples, then scales a Deployment of one-slice pods (nvidia.com/gpumem 4000: 1g.5gb)
+// 1 → 4 → 2, each time waiting until exactly that many replicas run on their own realised
+// instances and no deleted pod's instance is left, and prints the A100's occupancy.
+func scaleDeployment(ctx context.Context, s *sandbox.Sandbox, examples []*v1.Pod, out io.Writer) error {
+	const name = "infer"
+	deadline, _ := ctx.Deadline()
+	settle := func(replicas int, what string) error {
+		if _, err := s.WaitReplicas(ctx, time.Until(deadline), metav1.NamespaceDefault, "app="+name, replicas); err != nil {
+			return err
+		}
+		occ, err := s.Occupancy(ctx)
+		if err != nil {
+			return err
+		}
+		for _, o := range occ {
+			if len(o.Slots) > 0 {
+				fmt.Fprintf(out, "  %-17s %s\n", what+":", o)
+			}
+		}
+		return nil
+	}
+	for _, p := range examples {
+		if err := s.Client().CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(out, "\nThe examples deleted, then a Deployment of one-slice pods (%s) scaled, its pods made by kube-controller-manager:\n", name)
+	if err := settle(0, "examples deleted"); err != nil {
+		return err
+	}
+	labels := map[string]string{"app": name}
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault}, Spec: appsv1.DeploymentSpec{
+		Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
+		Template: v1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{api.VGPUModeAnnotation: api.ModeMIG}},
+			Spec: v1.PodSpec{Containers: []v1.Container{{Name: "main", Image: "ubuntu:22.04", Command: []string{"sleep", "infinity"},
+				Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
+					api.ResourceCount:  resource.MustParse("1"),
+					api.ResourceMemory: resource.MustParse("4000")}}}}},
+		}}}
+	deployments := s.Client().AppsV1().Deployments(d.Namespace)
+	if _, err := deployments.Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	for i, replicas := range []int32{1, 4, 2} {
+		if i > 0 {
+			patch := fmt.Sprintf(`{"spec":{"replicas":%d}}`, replicas)
+			if _, err := deployments.Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+				return err
+			}
+		}
+		if err := settle(int(replicas), fmt.Sprintf("replicas %d", replicas)); err != nil {
+			return err
+		}
+	}
+	return deployments.Delete(ctx, name, metav1.DeleteOptions{})
 }
 
 // describeRequest prints a pod's GPU limits, e.g. "nvidia.com/gpu=2 nvidia.com/gpumem=8000, mode mig".

@@ -150,6 +150,8 @@ func TestDemo(t *testing.T) {
 		`"migUUID": "MIG-`,
 		"pod default/gpu-pod1: ",
 		"; schedulerName dynamig-scheduler (set by dynamig-webhook)",
+		"examples deleted: mig-node GPU-",
+		"(NVIDIA A100-PCIE-40GB): [0,8) free",
 		"the sandbox stopped cleanly",
 	} {
 		if !strings.Contains(out, want) {
@@ -158,5 +160,17 @@ func TestDemo(t *testing.T) {
 	}
 	if n := strings.Count(out, "2g.10gb ["); n != 3 {
 		t.Errorf("want 3 instances in the device plugin's report, got %d:\n%s", n, out)
+	}
+	// The Deployment's replicas, one 1g.5gb instance each, at every scale.
+	for replicas, want := range map[string]int{"replicas 1:": 1, "replicas 4:": 4, "replicas 2:": 2} {
+		i := strings.Index(out, replicas)
+		if i < 0 {
+			t.Errorf("output lacks %q:\n%s", replicas, out)
+			continue
+		}
+		line, _, _ := strings.Cut(out[i:], "\n")
+		if n := strings.Count(line, " infer-"); n != want || strings.Count(line, "1g.5gb") != want {
+			t.Errorf("%s %d replicas' instances, want %d: %s", replicas, n, want, line)
+		}
 	}
 }

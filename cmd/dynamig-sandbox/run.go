@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/dynamig/dynamig/test/kubeletnode"
+	"github.com/dynamig/dynamig/test/cluster/controllermanager"
 	"github.com/dynamig/dynamig/test/sandbox"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 )
@@ -107,7 +108,8 @@ func startSandbox(ctx context.Context, cfg sandboxconfig.Config, install, kubele
 		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return nil, exitError
 	}
-	s, err := sandbox.Start(ctx, sandbox.Options{Config: cfg, Install: install, Log: logw, Kubelet: kubelet})
+	s, err := sandbox.Start(ctx, sandbox.Options{Config: cfg, Install: install, Log: logw, Kubelet: kubelet,
+		Controllers: controllermanager.Start})
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			fmt.Fprintln(stderr, "dynamig-sandbox: interrupted while starting")

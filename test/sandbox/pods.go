@@ -151,7 +151,7 @@ func notRunning(p *v1.Pod) string {
 // WaitReplicas waits until exactly want pods of namespace match selector (a label selector),
 // none of them terminating, each running with its reservations realised and holding one MIG
 // instance per reservation, and no MIG instance in the sandbox belongs to a pod of namespace
-// that no longer exists: a workload's controller has scaled it, and the scheduler and the
+// that is terminating or gone: a workload's controller has scaled it, and the scheduler and the
 // device plugins have caught up. The error of a timeout says what is missing.
 func (s *Sandbox) WaitReplicas(ctx context.Context, timeout time.Duration, namespace, selector string, want int) ([]v1.Pod, error) {
 	sel, err := labels.Parse(selector)
@@ -176,11 +176,13 @@ func (s *Sandbox) replicas(ctx context.Context, namespace string, sel labels.Sel
 	if err != nil {
 		return nil, err.Error()
 	}
-	live := map[string]int{} // a live pod's reservations
+	live := map[string]int{} // a pod's reservations, if it is not terminating
 	var others []string
 	for _, p := range pods.Items {
-		recs, _ := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
-		live[p.Name] = len(recs)
+		if p.DeletionTimestamp == nil {
+			recs, _ := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
+			live[p.Name] = len(recs)
+		}
 		if !sel.Matches(labels.Set(p.Labels)) {
 			continue
 		}
@@ -211,7 +213,7 @@ func (s *Sandbox) replicas(ctx context.Context, namespace string, sel labels.Sel
 				continue
 			}
 			if _, ok := live[in.PodName]; !ok {
-				return ready, fmt.Sprintf("%s's instance %s outlives its pod", n.cfg.Name, in)
+				return ready, fmt.Sprintf("%s's instance %s outlives its pod, deleted or terminating", n.cfg.Name, in)
 			}
 			held[in.PodName]++
 		}
