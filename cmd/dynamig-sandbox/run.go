@@ -16,8 +16,8 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/dynamig/dynamig/test/kubeletnode"
 	"github.com/dynamig/dynamig/test/cluster/controllermanager"
+	"github.com/dynamig/dynamig/test/kubeletnode"
 	"github.com/dynamig/dynamig/test/sandbox"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 )
