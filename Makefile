@@ -31,8 +31,18 @@ export GOTOOLCHAIN := go$(K8S_GO)
 endif
 # Flags of every go test here: test binaries without DWARF (-w), which nothing reads (stack
 # traces use the symbol table), link in about 60 % of the CPU time: a 160 MB sandbox suite in 15
-# s instead of 23-31 s, and make test links over a hundred test binaries.
-TESTFLAGS := -ldflags=-w
+# s instead of 23-31 s, and make test links over a hundred test binaries. Without go test's own
+# vet (-vet=off): lint's go vet ./... runs every analyzer on every package of the newest minor,
+# and go test's would vet each package's whole dependency graph again for its facts, per minor
+# and per build mode (race): +23 % CPU on a cold test build of ./deviceplugin/... ./webhook/...
+# (574 CPU-seconds instead of 465). The few per-minor files (build tags) are compiled by their
+# minor's suite.
+TESTFLAGS := -ldflags=-w -vet=off
+# The go command, the compiler and the tests collect garbage at 4x the live heap instead of 2x
+# (GOGC=400), within GOMEMLIMIT: a cold test build of RACE_PKGS took 6.4 % less CPU (703
+# CPU-seconds instead of 751), at 1.3 GB peak for one process.
+export GOGC ?= 400
+export GOMEMLIMIT ?= 4GiB
 # How many inputs each fuzz target tries in `make test`.
 # An execution count, not a duration: a duration-based -fuzztime can fail a clean run with
 # "context deadline exceeded" at its end (go.dev/issue/75804, fixed in Go 1.27).
@@ -96,8 +106,9 @@ kubelet: $(KUBELET)
 $(KUBELET): $(MODFILE) $(MODFILE:.mod=.sum)
 	$(GO) build -ldflags "-X k8s.io/component-base/version.gitVersion=$(K8S_RELEASE) -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(K8S)))" -o $@ k8s.io/kubernetes/cmd/kubelet
 
+# Every package but RACE_PKGS, which race runs: each package's tests run once.
 unit: $(KUBELET)
-	$(GO) test $(TESTFLAGS) -count=1 -timeout 30m ./...
+	$(GO) test $(TESTFLAGS) -count=1 -timeout 30m $$($(GO) list ./... | grep -vxF -f <($(GO) list $(RACE_PKGS)))
 
 race: $(KUBELET)
 	$(GO) test $(TESTFLAGS) -count=1 -race $(RACE_PKGS)
