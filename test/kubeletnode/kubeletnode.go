@@ -134,6 +134,10 @@ type Options struct {
 	NodeStatusUpdateFrequency time.Duration
 	// Runtime changes what the node's runtime does with containers (CDI off, image env).
 	Runtime RuntimeOptions
+	// Containerd, when set, runs the node on real containerd and runc instead (Runtime is
+	// then nil): containerd, its shims and the kubelet share one private mount namespace,
+	// the containers' cgroups are under /dynamig-test-<NodeName>, removed by Stop.
+	Containerd *ContainerdOptions
 }
 
 // Node is one kubelet and its runtime.
@@ -149,6 +153,10 @@ type Node struct {
 	CDIDir string
 	// RuntimeSocket is the runtime's CRI socket, at its host path.
 	RuntimeSocket string
+
+	// holder and containerd: a node on containerd (Options.Containerd).
+	holder     *holder
+	containerd *containerd
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -190,20 +198,65 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 			return nil, err
 		}
 	}
-	rt, err := StartRuntime(n.RuntimeSocket, n.CDIDir, opts.Runtime)
-	if err != nil {
+	if opts.Containerd != nil {
+		n.RuntimeSocket = filepath.Join(n.path("ctd"), "containerd.sock")
+	}
+	// The configuration first: the node's namespace binds its sysctl files.
+	if err := n.writeConfig(); err != nil {
 		return nil, err
 	}
-	n.Runtime = rt
-	if err := n.writeConfig(); err != nil {
-		rt.Stop()
-		return nil, err
+	if opts.Containerd != nil {
+		if err := n.startContainerd(ctx); err != nil {
+			n.stopRuntime()
+			return nil, err
+		}
+	} else {
+		rt, err := StartRuntime(n.RuntimeSocket, n.CDIDir, opts.Runtime)
+		if err != nil {
+			return nil, err
+		}
+		n.Runtime = rt
 	}
 	if err := n.startKubelet(); err != nil {
-		rt.Stop()
+		n.stopRuntime()
 		return nil, err
 	}
 	return n, nil
+}
+
+// startContainerd starts the node's namespace holder (the binds of binds()) and containerd
+// in it.
+func (n *Node) startContainerd(ctx context.Context) error {
+	h, err := startHolder(n.binds(), n.opts.Log)
+	if err != nil {
+		return err
+	}
+	n.holder = h
+	c, err := startContainerd(ctx, h, n.path("ctd"), n.CDIDir, *n.opts.Containerd, n.opts.Log)
+	if err != nil {
+		return err
+	}
+	n.containerd = c
+	return nil
+}
+
+// stopRuntime ends the fake runtime, or containerd, every process of the node's namespace
+// and of its cgroups, and removes the cgroups.
+func (n *Node) stopRuntime() {
+	if n.Runtime != nil {
+		n.Runtime.Stop()
+	}
+	if n.containerd != nil {
+		n.containerd.stop()
+	}
+	if n.holder != nil {
+		n.holder.stop()
+		name := cgroupName(n.opts.NodeName)
+		killCgroups(name)
+		if err := removeCgroups(name); err != nil {
+			fmt.Fprintf(n.opts.Log, "kubeletnode: %v\n", err)
+		}
+	}
 }
 
 func (n *Node) path(elem ...string) string {
@@ -253,6 +306,10 @@ nodeStatusUpdateFrequency: %s
 serializeImagePulls: false
 registryPullQPS: 0
 `, port, healthz, n.RuntimeSocket, n.path("pod-logs"), n.path("volume-plugins"), n.opts.NodeStatusUpdateFrequency)
+	if n.opts.Containerd != nil {
+		// The containers' cgroups, under one parent of the node's own (removed by Stop).
+		cfg += "cgroupRoot: /" + cgroupName(n.opts.NodeName) + "\n"
+	}
 	if err := os.WriteFile(n.path("kubelet.yaml"), []byte(cfg), 0o644); err != nil {
 		return err
 	}
@@ -268,26 +325,43 @@ registryPullQPS: 0
 // the host untouched. It fails (and the kubelet never starts) if any bind fails.
 func (n *Node) script() string {
 	var b strings.Builder
+	b.WriteString(n.binds())
+	b.WriteString("exec")
+	for _, a := range n.kubeletArgs() {
+		fmt.Fprintf(&b, " %q", a)
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+// binds is the shell script of the node's mounts: its own /var/lib and /var/log, a tmpfs
+// /run (on containerd, with the node's CDI directory at /run/cdi), the sysctl files.
+func (n *Node) binds() string {
+	var b strings.Builder
 	b.WriteString("set -e\n")
 	fmt.Fprintf(&b, "mount --bind %q /var/lib\n", n.path("var-lib"))
 	fmt.Fprintf(&b, "mount --bind %q /var/log\n", n.path("var-log"))
 	b.WriteString("mount -t tmpfs tmpfs /run\n")
+	if n.opts.Containerd != nil {
+		// The runtimes' CDI directory is the node's: what a device plugin pod writes at
+		// /var/run/cdi (a hostPath) is what containerd reads.
+		fmt.Fprintf(&b, "mkdir -p /run/cdi\nmount --bind %q /run/cdi\n", n.CDIDir)
+	}
 	for name := range sysctls {
 		f := n.path("sysctl", strings.ReplaceAll(name, "/", "-"))
 		fmt.Fprintf(&b, "mount --bind %q /proc/sys/%s\nmount -o remount,bind,ro /proc/sys/%s\n", f, name, name)
 	}
+	return b.String()
+}
+
+func (n *Node) kubeletArgs() []string {
 	args := []string{n.opts.Kubelet, "--config=" + n.path("kubelet.yaml"), "--kubeconfig=" + n.opts.Kubeconfig,
 		"--root-dir=/var/lib/kubelet", "--cert-dir=" + n.path("pki"), "--hostname-override=" + n.opts.NodeName,
 		"-v=" + strconv.Itoa(n.opts.Verbosity)}
 	if os.Geteuid() != 0 {
 		args = append(args, "--feature-gates=KubeletInUserNamespace=true")
 	}
-	b.WriteString("exec")
-	for _, a := range args {
-		fmt.Fprintf(&b, " %q", a)
-	}
-	b.WriteString("\n")
-	return b.String()
+	return args
 }
 
 func (n *Node) startKubelet() error {
@@ -296,6 +370,10 @@ func (n *Node) startKubelet() error {
 		unshare = []string{"-Urm", "--propagation", "private"}
 	}
 	cmd := exec.Command("unshare", append(unshare, "sh", "-c", n.script())...)
+	if n.holder != nil {
+		args := n.kubeletArgs()
+		cmd = n.holder.command(args[0], args[1:]...)
+	}
 	cmd.Stdout, cmd.Stderr = n.opts.Log, n.opts.Log
 	// An empty working directory of its own: whatever a relative path in the kubelet
 	// touches stays in the node's directory.
@@ -358,7 +436,7 @@ func (n *Node) Exited() (bool, error) {
 // Stop ends the kubelet and the runtime.
 func (n *Node) Stop() {
 	n.StopKubelet()
-	n.Runtime.Stop()
+	n.stopRuntime()
 }
 
 // Ready reports whether the Node is Ready by a heartbeat after since (the zero time: any),

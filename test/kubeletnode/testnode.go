@@ -1,13 +1,24 @@
 package kubeletnode
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dynamig/dynamig/images"
 	"github.com/dynamig/dynamig/test/cluster"
+	"github.com/dynamig/dynamig/test/probe/report"
 )
 
 // StartTestNode starts a control plane and one kubelet named name for a test, both stopped
@@ -15,10 +26,19 @@ import (
 // admin client; the caller waits for what it needs (the Node Ready, devices advertised).
 func StartTestNode(t *testing.T, name string) (*Node, kubernetes.Interface) {
 	t.Helper()
+	return startTestNode(t, name, nil)
+}
+
+// startTestNode is StartTestNode, on containerd when ctd is set. Either way the test fails
+// if the host's sysctls changed, and on containerd if anything of the node is left on the
+// host (its cgroups).
+func startTestNode(t *testing.T, name string, ctd *ContainerdOptions) (*Node, kubernetes.Interface) {
+	t.Helper()
 	kubelet, err := Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
+	before := hostSysctls()
 	cp, err := cluster.Start(t, cluster.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -32,17 +52,111 @@ func StartTestNode(t *testing.T, name string) (*Node, kubernetes.Interface) {
 		t.Fatal(err)
 	}
 	log := &LogBuffer{}
-	n, err := Start(context.Background(), Options{Kubelet: kubelet, Kubeconfig: cp.Kubeconfig, NodeName: name, Dir: dir, Log: log})
+	n, err := Start(context.Background(), Options{Kubelet: kubelet, Kubeconfig: cp.Kubeconfig, NodeName: name, Dir: dir, Log: log, Containerd: ctd})
 	if err != nil {
-		t.Fatal(err)
+		_ = os.RemoveAll(dir)
+		t.Fatalf("%v\n%s", err, log.String())
 	}
 	t.Cleanup(func() {
 		n.Stop()
 		if t.Failed() {
 			out := log.String()
-			t.Logf("kubelet output (last 20000 bytes):\n%s", out[max(0, len(out)-20000):])
+			t.Logf("node output (last 30000 bytes):\n%s", out[max(0, len(out)-30000):])
+		}
+		if left := LeftOnHost(name); len(left) > 0 {
+			t.Errorf("left on the host: %v", left)
+		}
+		if after := hostSysctls(); after != before {
+			t.Errorf("host sysctls changed: %q → %q", before, after)
 		}
 		_ = os.RemoveAll(dir)
 	})
 	return n, client
+}
+
+// The images a node on containerd is given (StartContainerdTestNode): the probe
+// (test/probe), and the probe as the pause image.
+const (
+	ProbeImage = "dynamig.test/probe:1"
+	PauseImage = "dynamig.test/pause:1"
+)
+
+// StartContainerdTestNode is StartTestNode on real containerd and runc (RuntimeTools), with
+// the probe's images imported; it skips the test where this machine cannot run such a node
+// (CheckContainerd).
+func StartContainerdTestNode(t *testing.T, name string) (*Node, kubernetes.Interface) {
+	t.Helper()
+	if err := CheckContainerd(); err != nil {
+		t.Skip(err)
+	}
+	tools, err := RuntimeTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	archives, err := ProbeArchives(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startTestNode(t, name, &ContainerdOptions{Tools: tools, Images: archives, SandboxImage: PauseImage})
+}
+
+// ProbeArchives builds the probe (static) and writes its two images (ProbeImage,
+// PauseImage) into dir as OCI archives.
+func ProbeArchives(dir string) ([]string, error) {
+	bin := filepath.Join(dir, "probe")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/dynamig/dynamig/test/probe")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("building the probe: %w\n%s", err, out)
+	}
+	var out []string
+	for _, im := range []struct {
+		ref  string
+		args []string
+	}{{ProbeImage, nil}, {PauseImage, []string{"pause"}}} {
+		img, err := images.Build(images.Spec{Name: "probe", Binary: bin, Args: im.args})
+		if err != nil {
+			return nil, err
+		}
+		file := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(im.ref)+".tar")
+		if err := images.WriteArchive(file, im.ref, img); err != nil {
+			return nil, err
+		}
+		out = append(out, file)
+	}
+	return out, nil
+}
+
+// ProbeReport is the report the probe printed in container of p on node n (its first line
+// on stdout, from the CRI log file in the node's pod log directory: lines of
+// "<time> <stream> <tag> <text>"); an error while there is none yet.
+func (n *Node) ProbeReport(p *v1.Pod, container string) (report.Report, error) {
+	var r report.Report
+	file := n.path("pod-logs", p.Namespace+"_"+p.Name+"_"+string(p.UID), container, "0.log")
+	f, err := os.Open(file)
+	if err != nil {
+		return r, err
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 1<<20), 1<<20)
+	for s.Scan() {
+		if fields := strings.SplitN(s.Text(), " ", 4); len(fields) == 4 && fields[1] == "stdout" {
+			return r, json.Unmarshal([]byte(fields[3]), &r)
+		}
+	}
+	return r, fmt.Errorf("%s: no line on stdout yet", file)
+}
+
+// hostSysctls reads the sysctls the kubelet would set.
+func hostSysctls() string {
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(sysctls)) {
+		b, err := os.ReadFile("/proc/sys/" + name)
+		if err != nil {
+			return err.Error()
+		}
+		out = append(out, name+"="+strings.TrimSpace(string(b)))
+	}
+	return strings.Join(out, " ")
 }

@@ -1,0 +1,422 @@
+package kubeletnode
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ToolsEnv names a directory holding the real runtime's binaries (RuntimeTools); `make test`
+// builds them into bin/tools and sets it.
+const ToolsEnv = "DYNAMIG_RUNTIME_TOOLS"
+
+// The real runtime, each from its own module (go install pkg@version builds it in its own
+// module graph, not this repository's).
+var runtimeTools = []string{
+	"github.com/containerd/containerd/v2/cmd/containerd@v2.4.2",
+	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@v2.4.2",
+	"github.com/containerd/containerd/v2/cmd/ctr@v2.4.2",
+	"github.com/opencontainers/runc@v1.5.3",
+	"github.com/containernetworking/plugins/plugins/main/loopback@v1.9.1",
+}
+
+// runtimeToolNames are the binaries RuntimeTools' directory holds.
+var runtimeToolNames = []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "loopback", "cnistub", "noseccomp"}
+
+// ourTools are the programs of this module among them.
+var ourTools = []string{"cnistub", "noseccomp"}
+
+var (
+	toolsOnce sync.Once
+	toolsDir  string
+	toolsErr  error
+)
+
+// RuntimeTools returns a directory holding containerd, its runc shim, ctr, runc, the CNI
+// loopback plugin, cnistub and noseccomp: $DYNAMIG_RUNTIME_TOOLS, or one built once per process into the
+// user's cache directory (<cache>/dynamig/tools-<hash of the versions>), kept and reused when
+// it holds them all. containerd's cold build is about 75 s.
+func RuntimeTools() (string, error) {
+	if d := os.Getenv(ToolsEnv); d != "" {
+		return d, checkTools(d)
+	}
+	toolsOnce.Do(func() {
+		cache, err := os.UserCacheDir()
+		if err != nil {
+			toolsErr = fmt.Errorf("no cache directory to build the runtime in (set %s): %w", ToolsEnv, err)
+			return
+		}
+		sum := sha256.Sum256([]byte(strings.Join(runtimeTools, "\n")))
+		toolsDir = filepath.Join(cache, "dynamig", "tools-"+hex.EncodeToString(sum[:6]))
+		if toolsErr = os.MkdirAll(toolsDir, 0o755); toolsErr != nil {
+			return
+		}
+		// One build at a time (make test runs test packages of two minors at once): the
+		// others wait, then find the binaries.
+		lock, err := os.OpenFile(filepath.Join(toolsDir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			toolsErr = err
+			return
+		}
+		defer lock.Close()
+		if toolsErr = syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); toolsErr != nil {
+			return
+		}
+		toolsErr = BuildRuntimeTools(toolsDir)
+	})
+	return toolsDir, toolsErr
+}
+
+// BuildRuntimeTools builds what RuntimeTools returns into dir: the others' binaries only
+// where dir lacks them, cnistub and noseccomp every time (from the build cache) from this
+// module (the go command's module file and flags); the others
+// with `go install pkg@version`, without GOFLAGS (a -modfile of ours would not apply).
+func BuildRuntimeTools(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	env := append(os.Environ(), "GOBIN="+dir, "GOFLAGS=", "CGO_ENABLED=1")
+	for _, pkg := range runtimeTools {
+		if _, err := os.Stat(filepath.Join(dir, path.Base(strings.Split(pkg, "@")[0]))); err == nil {
+			continue
+		}
+		cmd := exec.Command("go", "install", "-ldflags=-s -w", pkg)
+		cmd.Env = env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go install %s: %w\n%s", pkg, err, out)
+		}
+	}
+	for _, name := range ourTools {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "github.com/dynamig/dynamig/test/kubeletnode/"+name)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("building %s: %w\n%s", name, err, out)
+		}
+	}
+	return checkTools(dir)
+}
+
+func checkTools(dir string) error {
+	for _, name := range runtimeToolNames {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("the real runtime's %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// ContainerdOptions make a node run on real containerd and runc instead of the fake runtime.
+type ContainerdOptions struct {
+	// Tools is RuntimeTools' directory.
+	Tools string
+	// Images are OCI image archives (package images' WriteArchive) imported before the
+	// kubelet starts: nothing can be pulled.
+	Images []string
+	// SandboxImage is the pause image (one of Images' names).
+	SandboxImage string
+}
+
+// CheckContainerd says whether this machine can run a node on containerd: as root (runc
+// makes namespaces and cgroups), with nsenter.
+func CheckContainerd() error {
+	if os.Geteuid() != 0 {
+		return errors.New("a node on containerd and runc runs as root (runc makes the containers' namespaces and cgroups)")
+	}
+	if _, err := exec.LookPath("nsenter"); err != nil {
+		return errors.New("a node on containerd starts containerd and the kubelet in the node's mount namespace with nsenter (util-linux), which is not installed")
+	}
+	return CheckIsolation()
+}
+
+// holder is the process that keeps a node's private mount namespace, in which containerd,
+// its shims and the kubelet run (started with nsenter): a containerd started later in a new
+// namespace would leave earlier pods' shims in the old one.
+type holder struct {
+	cmd *exec.Cmd
+}
+
+func startHolder(binds string, log io.Writer) (*holder, error) {
+	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c", binds+"echo ready\nexec sleep infinity\n")
+	cmd.Stderr = log
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the node's namespace: %w", err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("the node's namespace: its mounts failed (%v)", err)
+	}
+	return &holder{cmd: cmd}, nil
+}
+
+func (h *holder) pid() int { return h.cmd.Process.Pid }
+
+// command is name with args run in the holder's mount namespace.
+func (h *holder) command(name string, args ...string) *exec.Cmd {
+	return exec.Command("nsenter", append([]string{"-t", strconv.Itoa(h.pid()), "-m", "--", name}, args...)...)
+}
+
+// stop kills every process in the namespace (containerd, shims, containers' processes the
+// shims left), then the holder.
+func (h *holder) stop() {
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", h.pid()))
+	own, _ := os.Readlink("/proc/self/ns/mnt")
+	// Never the host's namespace (were the holder gone and its pid reused).
+	if err == nil && ns != own {
+		for range 3 {
+			if killNamespace(ns, h.pid()) == 0 {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	_ = h.cmd.Process.Kill()
+	_ = h.cmd.Wait()
+}
+
+// killNamespace kills every process but except whose mount namespace is ns, and says how many.
+func killNamespace(ns string, except int) int {
+	entries, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == except {
+			continue
+		}
+		if link, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err == nil && link == ns {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			n++
+		}
+	}
+	return n
+}
+
+// containerd is a node's containerd, in its holder's namespace.
+type containerd struct {
+	cmd    *exec.Cmd
+	socket string
+	done   chan struct{}
+}
+
+// containerdConfig is containerd 2.x's configuration for a node: everything under dir, the
+// node's CDI spec directory, runc as the runtime (through noseccomp), cnistub behind loopback as the network,
+// the pause image pinned, and the one setting without which every sandbox fails on a machine
+// whose root lacks CAP_SYS_RESOURCE (restrict_oom_score_adj).
+func containerdConfig(dir, tools, cdiDir, sandboxImage string) string {
+	return fmt.Sprintf(`version = 4
+root = %[1]q
+state = %[2]q
+
+[plugins.'io.containerd.server.v1.grpc']
+  address = %[3]q
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = %[4]q
+[plugins.'io.containerd.server.v1.debug']
+  address = ''
+[plugins.'io.containerd.server.v1.metrics']
+  address = ''
+[plugins.'io.containerd.shim.v1.manager']
+  socket_dir = %[11]q
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = 'native'
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = %[5]q
+
+[plugins.'io.containerd.cri.v1.runtime']
+  cdi_spec_dirs = [%[6]q]
+  netns_mounts_under_state_dir = true
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = 'runc'
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = 'io.containerd.runc.v2'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = %[7]q
+        Root = %[8]q
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = [%[9]q]
+    conf_dir = %[10]q
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = '127.0.0.1'
+  stream_server_port = '0'
+
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), filepath.Join(dir, "containerd.sock"), filepath.Join(dir, "containerd.ttrpc.sock"),
+		sandboxImage, cdiDir, filepath.Join(tools, "noseccomp"), filepath.Join(dir, "runc"), tools, filepath.Join(dir, "cni"), filepath.Join(dir, "s"))
+}
+
+// cniConfig chains the loopback plugin and cnistub.
+const cniConfig = `{
+  "cniVersion": "1.0.0",
+  "name": "dynamig-test",
+  "plugins": [{"type": "loopback"}, {"type": "cnistub"}]
+}
+`
+
+// startContainerd writes the node's containerd configuration under dir, starts containerd in
+// h's namespace, waits for its socket and imports the images.
+func startContainerd(ctx context.Context, h *holder, dir, cdiDir string, opts ContainerdOptions, log io.Writer) (*containerd, error) {
+	for _, d := range []string{dir, filepath.Join(dir, "cni")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cni", "10-dynamig-test.conflist"), []byte(cniConfig), 0o644); err != nil {
+		return nil, err
+	}
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte(containerdConfig(dir, opts.Tools, cdiDir, opts.SandboxImage)), 0o644); err != nil {
+		return nil, err
+	}
+	c := &containerd{socket: filepath.Join(dir, "containerd.sock"), done: make(chan struct{})}
+	c.cmd = h.command(filepath.Join(opts.Tools, "containerd"), "--config", cfg)
+	// The shim is found on PATH.
+	c.cmd.Env = append(os.Environ(), "PATH="+opts.Tools+":"+os.Getenv("PATH"))
+	c.cmd.Stdout, c.cmd.Stderr = log, log
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := c.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting containerd: %w", err)
+	}
+	go func() { _ = c.cmd.Wait(); close(c.done) }()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		conn, err := net.Dial("unix", c.socket)
+		if err == nil {
+			conn.Close()
+			break
+		}
+		select {
+		case <-c.done:
+			return nil, errors.New("containerd exited at start")
+		case <-ctx.Done():
+			c.stop()
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			c.stop()
+			return nil, fmt.Errorf("containerd's socket %s: %w", c.socket, err)
+		}
+	}
+	for _, archive := range opts.Images {
+		cmd := exec.CommandContext(ctx, filepath.Join(opts.Tools, "ctr"), "--address", c.socket, "--namespace", "k8s.io", "images", "import", archive)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			c.stop()
+			return nil, fmt.Errorf("importing %s into containerd: %w: %s", archive, err, out)
+		}
+	}
+	return c, nil
+}
+
+// stop ends containerd (SIGTERM, then SIGKILL after 10 s); its shims and containers stay.
+func (c *containerd) stop() {
+	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+		<-c.done
+	}
+}
+
+// cgroupDirs are the node's cgroup directories on the host (cgroupRoot /<name>), one per
+// controller hierarchy on cgroup v1, one on v2.
+func cgroupDirs(name string) []string {
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return []string{filepath.Join("/sys/fs/cgroup", name)}
+	}
+	entries, _ := os.ReadDir("/sys/fs/cgroup")
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() {
+			out = append(out, filepath.Join("/sys/fs/cgroup", e.Name(), name))
+		}
+	}
+	return out
+}
+
+// killCgroups kills every process in the node's cgroups: the containers' processes, which
+// outlive their shims.
+func killCgroups(name string) {
+	for range 10 {
+		n := 0
+		for _, root := range cgroupDirs(name) {
+			_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+				if err != nil || !d.IsDir() {
+					return nil
+				}
+				raw, _ := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+				for _, f := range strings.Fields(string(raw)) {
+					if pid, err := strconv.Atoi(f); err == nil {
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+						n++
+					}
+				}
+				return nil
+			})
+		}
+		if n == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// removeCgroups removes the node's cgroup directories, deepest first (a cgroup directory
+// is removed with rmdir once it holds no process and no child).
+func removeCgroups(name string) error {
+	var errs []error
+	for _, root := range cgroupDirs(name) {
+		var dirs []string
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := syscall.Rmdir(dirs[i]); err != nil && !errors.Is(err, syscall.ENOENT) {
+				errs = append(errs, fmt.Errorf("removing cgroup %s: %w", dirs[i], err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// LeftOnHost lists what of the node is still on the host after Stop: its cgroup directories.
+func LeftOnHost(nodeName string) []string {
+	var out []string
+	for _, d := range cgroupDirs(cgroupName(nodeName)) {
+		if _, err := os.Stat(d); err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// cgroupName is the node's cgroupRoot, without its slash.
+func cgroupName(nodeName string) string { return "dynamig-test-" + nodeName }
