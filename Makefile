@@ -100,7 +100,7 @@ test: lint
 
 # The real kubelet of the minor (its module file's tool k8s.io/kubernetes/cmd/kubelet), which
 # the test nodes run (test/kubeletnode); tests find it through DYNAMIG_KUBELET. The version
-# stamp is test/kubeletnode.LDFlags'.
+# stamp is test/kubeletnode's (ldFlags).
 KUBELET := $(BIN)/kubelet-$(K8S)
 export DYNAMIG_KUBELET := $(abspath $(KUBELET))
 kubelet: $(KUBELET)

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -40,46 +39,18 @@ var runtimeToolNames = []string{"containerd", "containerd-shim-runc-v2", "ctr", 
 // ourTools are the programs of this module among them.
 var ourTools = []string{"cnistub", "noseccomp"}
 
-var (
-	toolsOnce sync.Once
-	toolsDir  string
-	toolsErr  error
-)
-
 // RuntimeTools returns a directory holding containerd, its runc shim, ctr, runc, the CNI
-// loopback plugin, cnistub and noseccomp: $DYNAMIG_RUNTIME_TOOLS, or one built once per process into the
-// user's cache directory (<cache>/dynamig/tools-<hash of the versions>), kept and reused when
-// it holds them all. containerd's cold build is about 75 s.
-func RuntimeTools() (string, error) {
-	if d := os.Getenv(ToolsEnv); d != "" {
-		return d, checkTools(d)
-	}
-	toolsOnce.Do(func() {
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			toolsErr = fmt.Errorf("no cache directory to build the runtime in (set %s): %w", ToolsEnv, err)
-			return
-		}
+// loopback plugin, cnistub and noseccomp: $DYNAMIG_RUNTIME_TOOLS, or one built once per
+// process into the user's cache directory (<cache>/dynamig/tools-<hash of the versions>),
+// kept and reused. containerd's cold build is about 75 s.
+func RuntimeTools() (string, error) { return toolsBuild.get() }
+
+var toolsBuild = &cachedBuild{env: ToolsEnv, what: "the real runtime",
+	name: func() (string, error) {
 		sum := sha256.Sum256([]byte(strings.Join(runtimeTools, "\n")))
-		toolsDir = filepath.Join(cache, "dynamig", "tools-"+hex.EncodeToString(sum[:6]))
-		if toolsErr = os.MkdirAll(toolsDir, 0o755); toolsErr != nil {
-			return
-		}
-		// One build at a time (make test runs test packages of two minors at once): the
-		// others wait, then find the binaries.
-		lock, err := os.OpenFile(filepath.Join(toolsDir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-		if err != nil {
-			toolsErr = err
-			return
-		}
-		defer lock.Close()
-		if toolsErr = syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); toolsErr != nil {
-			return
-		}
-		toolsErr = BuildRuntimeTools(toolsDir)
-	})
-	return toolsDir, toolsErr
-}
+		return "tools-" + hex.EncodeToString(sum[:6]), nil
+	},
+	check: checkTools, build: BuildRuntimeTools}
 
 // BuildRuntimeTools builds what RuntimeTools returns into dir: the others' binaries only
 // where dir lacks them, cnistub and noseccomp every time (from the build cache) from this

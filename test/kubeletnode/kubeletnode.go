@@ -39,59 +39,57 @@ const KubeletEnv = "DYNAMIG_KUBELET"
 // minor of the matrix): the kubelet Binary builds, stamped into it so the Node reports it.
 var Version = version.Get().Kubernetes
 
-var (
-	buildOnce sync.Once
-	built     string
-	buildErr  error
-)
-
 // Binary returns the kubelet binary: $DYNAMIG_KUBELET, or one built from the module's
 // k8s.io/kubernetes/cmd/kubelet tool into the user's cache directory
-// (<cache>/dynamig/kubelet-<Version>, as go keeps its build cache there), once per process:
-// about a minute with a warm build cache, a relink when nothing changed.
-func Binary() (string, error) {
-	if p := os.Getenv(KubeletEnv); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("%s=%s: %w", KubeletEnv, p, err)
-		}
-		return p, nil
-	}
-	buildOnce.Do(func() {
-		cache, err := os.UserCacheDir()
+// (<cache>/dynamig/kubelet-<Version>), once per process: about a minute with a warm build
+// cache, a relink when nothing changed.
+func Binary() (string, error) { return kubeletBuild.get() }
+
+var kubeletBuild = &cachedBuild{env: KubeletEnv, what: "the kubelet",
+	name: func() (string, error) {
+		v, err := release()
+		return "kubelet-" + v, err
+	},
+	check: func(p string) error { _, err := os.Stat(p); return err },
+	build: func(p string) error {
+		// Built beside, then renamed: a test process running the kubelet keeps its binary.
+		tmp, err := os.CreateTemp(filepath.Dir(p), "kubelet-build-")
 		if err != nil {
-			buildErr = fmt.Errorf("no cache directory to build the kubelet in (set %s): %w", KubeletEnv, err)
-			return
-		}
-		dir := filepath.Join(cache, "dynamig")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			buildErr = err
-			return
-		}
-		// Built beside, then renamed: test processes running at once each get a whole binary.
-		tmp, err := os.CreateTemp(dir, "kubelet-build-")
-		if err != nil {
-			buildErr = err
-			return
+			return err
 		}
 		tmp.Close()
 		defer os.Remove(tmp.Name())
-		cmd := exec.Command("go", "build", "-ldflags", LDFlags(), "-o", tmp.Name(), "k8s.io/kubernetes/cmd/kubelet")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("building the kubelet: %w\n%s", err, out)
-			return
+		v, err := release()
+		if err != nil {
+			return err
 		}
-		built = filepath.Join(dir, "kubelet-"+Version)
-		buildErr = os.Rename(tmp.Name(), built)
-	})
-	return built, buildErr
+		cmd := exec.Command("go", "build", "-ldflags", "-w "+ldFlags(v), "-o", tmp.Name(), "k8s.io/kubernetes/cmd/kubelet")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%w\n%s", err, out)
+		}
+		return os.Rename(tmp.Name(), p)
+	}}
+
+// release is the k8s.io/kubernetes release the kubelet is built from: Version, or, in a
+// test binary (which carries no module list), the go command's answer for the module file
+// in use.
+func release() (string, error) {
+	if Version != "unknown" {
+		return Version, nil
+	}
+	out, err := exec.Command("go", "list", "-m", "-f", "{{if .Replace}}{{.Replace.Version}}{{else}}{{.Version}}{{end}}", "k8s.io/kubernetes").Output()
+	if err != nil {
+		return "", fmt.Errorf("the k8s.io/kubernetes release to build the kubelet of: go list -m: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
 }
 
-// LDFlags stamp Version into a kubelet build.
-func LDFlags() string {
-	major, minor, _ := strings.Cut(strings.TrimPrefix(Version, "v"), ".")
+// ldFlags stamp release v into a kubelet build.
+func ldFlags(v string) string {
+	major, minor, _ := strings.Cut(strings.TrimPrefix(v, "v"), ".")
 	minor, _, _ = strings.Cut(minor, ".")
 	const pkg = "k8s.io/component-base/version"
-	return fmt.Sprintf("-X %s.gitVersion=%s -X %s.gitMajor=%s -X %s.gitMinor=%s", pkg, Version, pkg, major, pkg, minor)
+	return fmt.Sprintf("-X %s.gitVersion=%s -X %s.gitMajor=%s -X %s.gitMinor=%s", pkg, v, pkg, major, pkg, minor)
 }
 
 // CheckIsolation tells whether this machine can run the kubelet isolated: as root, a
