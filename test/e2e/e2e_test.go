@@ -8,7 +8,6 @@ package e2e
 import (
 	"bytes"
 	"crypto/ed25519"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -40,33 +39,17 @@ const (
 	examples = "../../examples"
 )
 
-// kubectlDynamigBinary is bin/kubectl-dynamig, built by TestMain: the tests run it as a user
+// kubectlDynamigBinary is kubectl-dynamig, built by TestMain: the tests run it as a user
 // does. (It cannot be linked into this test binary: cli-runtime brings kustomize, which
 // imports Go's plugin package, and a binary that does is bound at load time, which go-nvml's
 // deliberately unresolved NVML symbols, linked here through the device plugin, cannot be.)
 var kubectlDynamigBinary string
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	sandbox.QuietLogs(testing.Verbose())
-	dir, err := os.MkdirTemp("", "e2e-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
 	// The binary as shipped, when given (`make test-minor` passes the one built on the newest
 	// minor to every other minor's suite); else built here.
 	kubectlDynamigBinary = os.Getenv("DYNAMIG_KUBECTL_DYNAMIG")
-	if kubectlDynamigBinary == "" {
-		kubectlDynamigBinary = filepath.Join(dir, "kubectl-dynamig")
-		if out, err := exec.Command("go", "build", "-o", kubectlDynamigBinary, "github.com/dynamig/dynamig/cmd/kubectl-dynamig").CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "building kubectl-dynamig: %v\n%s", err, out)
-			os.Exit(1)
-		}
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	sandboxtest.Main(m, map[string]*string{"github.com/dynamig/dynamig/cmd/kubectl-dynamig": &kubectlDynamigBinary})
 }
 
 // world is one suite's sandbox.

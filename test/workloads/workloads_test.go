@@ -6,11 +6,8 @@ package workloads
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -37,21 +34,7 @@ import (
 var kubectl string
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	sandbox.QuietLogs(testing.Verbose())
-	dir, err := os.MkdirTemp("", "workloads-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	kubectl = filepath.Join(dir, "kubectl")
-	if out, err := exec.Command("go", "build", "-ldflags=-w", "-o", kubectl, "github.com/dynamig/dynamig/cmd/kubectl").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building kubectl: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	sandboxtest.Main(m, map[string]*string{"github.com/dynamig/dynamig/cmd/kubectl": &kubectl})
 }
 
 // kubectlRun runs kubectl against the sandbox, failing the test with its output.
