@@ -1,5 +1,6 @@
-// Package sandboxtest is what the sandbox suites (test/e2e, test/faults) share: a test's
-// handle on a running sandbox cluster and the pod steps every test takes.
+// Package sandboxtest is what the sandbox suites (test/e2e, test/faults, test/workloads)
+// share: a test's handle on a running sandbox cluster, the pod steps every test takes, and
+// their TestMain (Main).
 package sandboxtest
 
 import (
