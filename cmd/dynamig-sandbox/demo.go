@@ -11,12 +11,9 @@ import (
 	"strings"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/test/sandbox"
@@ -185,16 +182,7 @@ func scaleDeployment(ctx context.Context, s *sandbox.Sandbox, examples []*v1.Pod
 	if err := settle(0, "examples deleted"); err != nil {
 		return err
 	}
-	labels := map[string]string{"app": name}
-	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault}, Spec: appsv1.DeploymentSpec{
-		Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
-		Template: v1.PodTemplateSpec{
-			ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{api.VGPUModeAnnotation: api.ModeMIG}},
-			Spec: v1.PodSpec{Containers: []v1.Container{{Name: "main", Image: "ubuntu:22.04", Command: []string{"sleep", "infinity"},
-				Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
-					api.ResourceCount:  resource.MustParse("1"),
-					api.ResourceMemory: resource.MustParse("4000")}}}}},
-		}}}
+	d := sandbox.MIGDeployment(metav1.NamespaceDefault, name, 1, 4000)
 	deployments := s.Client().AppsV1().Deployments(d.Namespace)
 	if _, err := deployments.Create(ctx, d, metav1.CreateOptions{}); err != nil {
 		return err

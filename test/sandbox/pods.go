@@ -9,7 +9,9 @@ import (
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -224,4 +226,25 @@ func (s *Sandbox) replicas(ctx context.Context, namespace string, sel labels.Sel
 		}
 	}
 	return ready, ""
+}
+
+// MIGPodTemplate is a pod template labelled app=app asking for one MIG device of memory MiB,
+// as a user writes it: no schedulerName (the webhook sets it), the MIG mode annotation; its
+// container sleeps.
+func MIGPodTemplate(app string, memory int) v1.PodTemplateSpec {
+	return v1.PodTemplateSpec{
+		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": app}, Annotations: map[string]string{api.VGPUModeAnnotation: api.ModeMIG}},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "main", Image: "ubuntu:22.04", Command: []string{"sleep", "infinity"},
+			Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
+				api.ResourceCount:  *resource.NewQuantity(1, resource.DecimalSI),
+				api.ResourceMemory: *resource.NewQuantity(int64(memory), resource.DecimalSI)}}}}},
+	}
+}
+
+// MIGDeployment is a Deployment named app in namespace of replicas pods of
+// MIGPodTemplate(app, memory).
+func MIGDeployment(namespace, app string, replicas int32, memory int) *appsv1.Deployment {
+	return &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: app, Namespace: namespace}, Spec: appsv1.DeploymentSpec{
+		Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": app}},
+		Template: MIGPodTemplate(app, memory)}}
 }

@@ -12,10 +12,8 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
@@ -63,25 +61,10 @@ func start(t *testing.T) *world {
 		Install: "../../manifests/install.yaml", Controllers: controllermanager.Start}, 3*time.Minute)}
 }
 
-// template is a pod template asking for one MIG device of memory MiB, as a user writes it:
-// no schedulerName (the webhook sets it), the MIG mode annotation.
-func template(app string, memory int) v1.PodTemplateSpec {
-	return v1.PodTemplateSpec{
-		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": app}, Annotations: map[string]string{api.VGPUModeAnnotation: api.ModeMIG}},
-		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "main", Image: "ubuntu:22.04", Command: []string{"sleep", "infinity"},
-			Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
-				api.ResourceCount:  *resource.NewQuantity(1, resource.DecimalSI),
-				api.ResourceMemory: *resource.NewQuantity(int64(memory), resource.DecimalSI)}}}}},
-	}
-}
-
-// deploy creates a Deployment of replicas pods of template(app, memory).
+// deploy creates a Deployment of replicas pods of sandbox.MIGPodTemplate(app, memory).
 func (w *world) deploy(app string, replicas int32, memory int) {
 	w.T.Helper()
-	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: app}, Spec: appsv1.DeploymentSpec{
-		Replicas: ptr.To(replicas), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": app}},
-		Template: template(app, memory)}}
-	if _, err := w.C.AppsV1().Deployments("default").Create(w.Ctx, d, metav1.CreateOptions{}); err != nil {
+	if _, err := w.C.AppsV1().Deployments("default").Create(w.Ctx, sandbox.MIGDeployment("default", app, replicas, memory), metav1.CreateOptions{}); err != nil {
 		w.T.Fatal(err)
 	}
 }
@@ -184,7 +167,7 @@ func TestWorkloads(t *testing.T) {
 	// instance is reclaimed.
 	t.Run("Job", func(t *testing.T) {
 		w := &world{w.For(t)}
-		tmpl := template("batch", 4000)
+		tmpl := sandbox.MIGPodTemplate("batch", 4000)
 		tmpl.Spec.RestartPolicy = v1.RestartPolicyNever
 		job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "batch"}, Spec: batchv1.JobSpec{Template: tmpl, BackoffLimit: ptr.To[int32](0)}}
 		if _, err := w.C.BatchV1().Jobs("default").Create(w.Ctx, job, metav1.CreateOptions{}); err != nil {
