@@ -48,6 +48,7 @@ import (
 	"k8s.io/kubernetes/test/utils/ktesting"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/test/freeport"
 )
 
 // The client identities the control plane knows. Each has its own static token; all are in
@@ -426,7 +427,7 @@ func (cp *ControlPlane) writeTokens(users map[string][]string) (string, error) {
 func startEtcd(dir string) (*embed.Etcd, string, error) {
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
-		ports, err := freePorts(2)
+		ports, err := freeport.Ports(2)
 		if err != nil {
 			return nil, "", err
 		}
@@ -459,26 +460,6 @@ func startEtcd(dir string) (*embed.Etcd, string, error) {
 		e.Close()
 	}
 	return nil, "", fmt.Errorf("starting etcd: %w", lastErr)
-}
-
-// freePorts returns n distinct free TCP ports on 127.0.0.1.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	for len(ports) < n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func randomHex(n int) string {

@@ -15,8 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +26,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/dynamig/dynamig/test/freeport"
 	"github.com/dynamig/dynamig/version"
 )
 
@@ -266,11 +265,11 @@ func (n *Node) path(elem ...string) string {
 var sysctls = map[string]string{"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
 
 func (n *Node) writeConfig() error {
-	port, err := freePort()
+	port, err := freeport.Port()
 	if err != nil {
 		return err
 	}
-	healthz, err := freePort()
+	healthz, err := freeport.Port()
 	if err != nil {
 		return err
 	}
@@ -465,37 +464,4 @@ func (b *LogBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
-}
-
-func freePort() (int, error) { return FreePort() }
-
-// FreePort is a free 127.0.0.1 port for a listener that opens later, chosen below the
-// kernel's ephemeral port range: a port of that range (what port 0 gives) may be handed to
-// an outgoing connection in between, and the listener then fails with "address already in
-// use" (seen with a device plugin's metrics port while the kubelets and the API server
-// opened connections).
-func FreePort() (int, error) {
-	low := 32768
-	if raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(raw)); len(f) == 2 {
-			if v, err := strconv.Atoi(f[0]); err == nil {
-				low = v
-			}
-		}
-	}
-	const base = 10000
-	for range 200 {
-		port := 0 // the kernel's choice, when the ephemeral range leaves no room below it
-		if low > base+1000 {
-			port = base + rand.IntN(low-base)
-		}
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			continue
-		}
-		port = l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		return port, nil
-	}
-	return 0, fmt.Errorf("no free port found below %d", low)
 }

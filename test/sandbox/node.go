@@ -26,6 +26,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/cmd/dynamig-device-plugin/app"
 	"github.com/dynamig/dynamig/nvml/sim"
+	"github.com/dynamig/dynamig/test/freeport"
 	"github.com/dynamig/dynamig/test/kubeletnode"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 )
@@ -68,7 +69,7 @@ func (s *Sandbox) newNode(cfg sandboxconfig.NodeConfig) (*node, error) {
 	if n.dir, err = os.MkdirTemp("", "dn"); err != nil {
 		return n, err
 	}
-	port, err := kubeletnode.FreePort()
+	port, err := freeport.Port()
 	if err != nil {
 		return n, err
 	}
@@ -210,7 +211,7 @@ func (n *node) startDevicePlugin() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.killed {
-		port, err := kubeletnode.FreePort()
+		port, err := freeport.Port()
 		if err != nil {
 			return err
 		}

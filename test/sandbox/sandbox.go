@@ -36,6 +36,7 @@ import (
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/plugins/dynamicmig"
 	"github.com/dynamig/dynamig/test/cluster"
+	"github.com/dynamig/dynamig/test/freeport"
 	"github.com/dynamig/dynamig/test/kubeletnode"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 	dynamigwebhook "github.com/dynamig/dynamig/webhook"
@@ -228,9 +229,9 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	return s, nil
 }
 
-// freeAddress is a free 127.0.0.1 port, as host:port (kubeletnode.FreePort).
+// freeAddress is a free 127.0.0.1 port, as host:port (freeport.Port).
 func freeAddress() (string, error) {
-	port, err := kubeletnode.FreePort()
+	port, err := freeport.Port()
 	if err != nil {
 		return "", err
 	}
