@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/test/cluster"
 	"github.com/dynamig/dynamig/test/sandbox"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 )
@@ -32,7 +33,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if code, ok := parseFlags(fs, args, stderr, "Flags of demo:"); !ok {
 		return code
 	}
-	pods, err := sandbox.ReadPods(*examples)
+	pods, err := cluster.ReadPods(*examples)
 	if err != nil {
 		fmt.Fprintf(stderr, "Error: --examples: %v\n", err)
 		return exitUsage

@@ -84,6 +84,9 @@ type Options struct {
 	// says so). Without it nothing makes the pods of a Deployment or Job, nothing lifts a
 	// node's not-ready taint, and no ServiceAccount or token exists unless a test makes it.
 	Controllers func(ctx context.Context, cp *ControlPlane) (stop func(), err error)
+	// Empty leaves out dynamig's namespaces (made by default, as install.yaml's RBAC
+	// needs them): a Helm install makes them, and refuses ones it did not make.
+	Empty bool
 }
 
 // ControlPlane is a running etcd and kube-apiserver.
@@ -251,6 +254,9 @@ func start(ctx context.Context, tb ktesting.TB, ptb *processTB, opts Options) (_
 	defer cancel()
 	// The namespaces of manifests/rbac.yaml: the system one, and the signing key's.
 	for _, name := range []string{api.DefaultSystemNamespace, api.DefaultSigningKeyNamespace} {
+		if opts.Empty {
+			break
+		}
 		ns := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
 		if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return nil, fmt.Errorf("creating namespace %s: %w", name, err)

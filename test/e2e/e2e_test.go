@@ -29,6 +29,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/manifests"
 	"github.com/dynamig/dynamig/signing"
+	"github.com/dynamig/dynamig/test/cluster"
 	"github.com/dynamig/dynamig/test/sandbox"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxtest"
@@ -280,7 +281,7 @@ func seedExample(t *testing.T, w *world, scheduler string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pods, err := sandbox.DecodePods(data)
+		pods, err := cluster.DecodePods(data)
 		if err != nil {
 			t.Fatal(err)
 		}

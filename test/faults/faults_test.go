@@ -22,6 +22,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/nvml"
 	"github.com/dynamig/dynamig/nvml/sim"
+	"github.com/dynamig/dynamig/test/cluster"
 	"github.com/dynamig/dynamig/test/sandbox"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxtest"
@@ -31,7 +32,7 @@ const install = "../../manifests/install.yaml"
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	sandbox.QuietLogs(testing.Verbose())
+	cluster.QuietLogs(testing.Verbose())
 	os.Exit(m.Run())
 }
 

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dynamig/dynamig/test/netns"
 )
 
 // ToolsEnv names a directory holding the real runtime's binaries (RuntimeTools); `make test`
@@ -31,16 +33,18 @@ var runtimeTools = []string{
 	"github.com/containerd/containerd/v2/cmd/ctr@v2.4.2",
 	"github.com/opencontainers/runc@v1.5.3",
 	"github.com/containernetworking/plugins/plugins/main/loopback@v1.9.1",
+	"github.com/containernetworking/plugins/plugins/main/ptp@v1.9.1",
+	"github.com/containernetworking/plugins/plugins/ipam/host-local@v1.9.1",
 }
 
 // runtimeToolNames are the binaries RuntimeTools' directory holds.
-var runtimeToolNames = []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "loopback", "cnistub", "noseccomp"}
+var runtimeToolNames = []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "loopback", "ptp", "host-local", "cnistub", "noseccomp"}
 
 // ourTools are the programs of this module among them.
 var ourTools = []string{"cnistub", "noseccomp"}
 
 // RuntimeTools returns a directory holding containerd, its runc shim, ctr, runc, the CNI
-// loopback plugin, cnistub and noseccomp: $DYNAMIG_RUNTIME_TOOLS, or one built once per
+// loopback, ptp and host-local plugins, cnistub and noseccomp: $DYNAMIG_RUNTIME_TOOLS, or one built once per
 // process into the user's cache directory (<cache>/dynamig/tools-<hash of the versions>),
 // kept and reused. containerd's cold build is about 75 s.
 func RuntimeTools() (string, error) { return toolsBuild.get() }
@@ -99,6 +103,12 @@ type ContainerdOptions struct {
 	Images []string
 	// SandboxImage is the pause image (one of Images' names).
 	SandboxImage string
+	// PodSubnet, when set (an IPv4 CIDR, one per node), gives pods a network: CNI's ptp
+	// plugin makes each pod a veth pair with a route to it, and host-local gives it an
+	// address of PodSubnet. Pods then reach, and are reached from, the test's network
+	// namespace, which must be one of the test's own (test/netns): the veths and routes
+	// are made there. Unset, pods get an address and no network (cnistub).
+	PodSubnet string
 }
 
 // CheckContainerd says whether this machine can run a node on containerd: as root (runc
@@ -240,13 +250,29 @@ state = %[2]q
 		sandboxImage, cdiDir, filepath.Join(tools, "noseccomp"), filepath.Join(dir, "runc"), tools, filepath.Join(dir, "cni"), filepath.Join(dir, "s"))
 }
 
-// cniConfig chains the loopback plugin and cnistub.
-const cniConfig = `{
+// cniConfig is the node's pod network: the loopback plugin (each pod's lo), then cnistub (an
+// address, no network) or, with a subnet, ptp and host-local (a veth pair and a route per
+// pod, addresses of the subnet, the IPAM state under dir).
+func cniConfig(subnet, dir string) string {
+	if subnet == "" {
+		return `{
   "cniVersion": "1.0.0",
   "name": "dynamig-test",
   "plugins": [{"type": "loopback"}, {"type": "cnistub"}]
 }
 `
+	}
+	return fmt.Sprintf(`{
+  "cniVersion": "1.0.0",
+  "name": "dynamig-test",
+  "plugins": [
+    {"type": "loopback"},
+    {"type": "ptp", "ipMasq": false, "ipam": {"type": "host-local", "dataDir": %q,
+      "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}]}}
+  ]
+}
+`, dir, subnet)
+}
 
 // startContainerd writes the node's containerd configuration under dir, starts containerd in
 // h's namespace, waits for its socket and imports the images.
@@ -256,7 +282,16 @@ func startContainerd(ctx context.Context, h *holder, dir, cdiDir string, opts Co
 			return nil, err
 		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "cni", "10-dynamig-test.conflist"), []byte(cniConfig), 0o644); err != nil {
+	if opts.PodSubnet != "" {
+		if _, _, err := net.ParseCIDR(opts.PodSubnet); err != nil {
+			return nil, fmt.Errorf("kubeletnode: PodSubnet: %w", err)
+		}
+		// ptp makes veths and routes in containerd's network namespace: never the host's.
+		if !netns.Private() {
+			return nil, errors.New("kubeletnode: a pod network (PodSubnet) is made only in the test's own network namespace (test/netns: netns.Main in TestMain)")
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cni", "10-dynamig-test.conflist"), []byte(cniConfig(opts.PodSubnet, filepath.Join(dir, "ipam"))), 0o644); err != nil {
 		return nil, err
 	}
 	cfg := filepath.Join(dir, "config.toml")
@@ -328,6 +363,41 @@ func cgroupDirs(name string) []string {
 		}
 	}
 	return out
+}
+
+// makeCgroups makes the node's cgroup directories (the kubelet's cgroupRoot, which it
+// requires to exist); on cgroup v1 the cpuset one gets its parent's CPUs and memory nodes,
+// without which no process may join it or its children.
+func makeCgroups(name string) error {
+	for _, d := range cgroupDirs(name) {
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("making cgroup %s: %w", d, err)
+		}
+		// cgroup v2: the kubelet's pod cgroups below get every controller this one has.
+		if raw, err := os.ReadFile(filepath.Join(d, "cgroup.controllers")); err == nil {
+			var enable []string
+			for _, c := range strings.Fields(string(raw)) {
+				enable = append(enable, "+"+c)
+			}
+			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte(strings.Join(enable, " ")), 0o644); err != nil {
+				return fmt.Errorf("cgroup %s: enabling %v: %w", d, enable, err)
+			}
+			continue
+		}
+		if filepath.Base(filepath.Dir(d)) != "cpuset" {
+			continue
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			v, err := os.ReadFile(filepath.Join(filepath.Dir(d), f))
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(d, f), v, 0o644); err != nil {
+				return fmt.Errorf("cgroup %s: %w", d, err)
+			}
+		}
+	}
+	return nil
 }
 
 // killCgroups kills every process in the node's cgroups: the containers' processes, which

@@ -11,6 +11,7 @@ package kubeletnode
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -131,6 +132,11 @@ type Options struct {
 	NodeStatusUpdateFrequency time.Duration
 	// Runtime changes what the node's runtime does with containers (CDI off, image env).
 	Runtime RuntimeOptions
+	// NodeIP, when set, is the Node's address (--node-ip), where the kubelet serves (the
+	// API server's logs and exec): an address of the test's own network namespace
+	// (netns.AddLocalAddress). Unset, the kubelet serves on 127.0.0.1 and the Node has no
+	// address (the kubelet finds no default route, and refuses a loopback node IP).
+	NodeIP string
 	// Containerd, when set, runs the node on real containerd and runc instead (Runtime is
 	// then nil): containerd, its shims and the kubelet share one private mount namespace,
 	// the containers' cgroups are under /dynamig-test-<NodeName>, removed by Stop.
@@ -190,7 +196,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		CDIDir:             filepath.Join(opts.Dir, "cdi"),
 		RuntimeSocket:      filepath.Join(opts.Dir, "cri.sock"),
 	}
-	for _, d := range []string{n.DevicePluginDir, filepath.Dir(n.PodResourcesSocket), n.CDIDir, n.path("var-log"), n.path("sysctl"), n.path("pod-logs"), n.path("volume-plugins"), n.path("cwd")} {
+	for _, d := range []string{n.DevicePluginDir, filepath.Dir(n.PodResourcesSocket), n.CDIDir, n.path("ctd"), n.path("var-log"), n.path("sysctl"), n.path("pod-logs"), n.path("volume-plugins"), n.path("cwd")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
 		}
@@ -224,6 +230,10 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 // startContainerd starts the node's namespace holder (the binds of binds()) and containerd
 // in it.
 func (n *Node) startContainerd(ctx context.Context) error {
+	if err := makeCgroups(cgroupName(n.opts.NodeName)); err != nil {
+		_ = removeCgroups(cgroupName(n.opts.NodeName))
+		return err
+	}
 	h, err := startHolder(n.binds(), n.opts.Log)
 	if err != nil {
 		return err
@@ -278,7 +288,7 @@ func (n *Node) writeConfig() error {
 	// no node that has the image already would.
 	cfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: %s
 port: %d
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -288,7 +298,7 @@ authentication:
   webhook: {enabled: false}
 authorization: {mode: AlwaysAllow}
 cgroupDriver: cgroupfs
-cgroupsPerQOS: false
+cgroupsPerQOS: %t
 enforceNodeAllocatable: []
 failCgroupV1: false
 failSwapOn: false
@@ -302,9 +312,11 @@ evictionHard: {memory.available: "1Ki", nodefs.available: "0%%", imagefs.availab
 nodeStatusUpdateFrequency: %s
 serializeImagePulls: false
 registryPullQPS: 0
-`, port, healthz, n.RuntimeSocket, n.path("pod-logs"), n.path("volume-plugins"), n.opts.NodeStatusUpdateFrequency)
+`, cmp.Or(n.opts.NodeIP, "127.0.0.1"), port, healthz, n.opts.Containerd != nil, n.RuntimeSocket, n.path("pod-logs"), n.path("volume-plugins"), n.opts.NodeStatusUpdateFrequency)
 	if n.opts.Containerd != nil {
-		// The containers' cgroups, under one parent of the node's own (removed by Stop).
+		// The pods' cgroups (the kubelet's QoS tree), under one parent of the node's own,
+		// made by startContainerd and removed by Stop: without the QoS tree the kubelet gives
+		// pod sandboxes no cgroup parent, and containerd puts them at /k8s.io/<id>.
 		cfg += "cgroupRoot: /" + cgroupName(n.opts.NodeName) + "\n"
 	}
 	if err := os.WriteFile(n.path("kubelet.yaml"), []byte(cfg), 0o644); err != nil {
@@ -341,12 +353,20 @@ func (n *Node) binds() string {
 	b.WriteString("mount -t tmpfs tmpfs /run\n")
 	if n.opts.Containerd != nil {
 		// The runtimes' CDI directory is the node's: what a device plugin pod writes at
-		// /var/run/cdi (a hostPath) is what containerd reads.
+		// /var/run/cdi (a hostPath) is what containerd reads. containerd's socket is at its
+		// usual /run/containerd/containerd.sock, where a device plugin pod looks for it.
 		fmt.Fprintf(&b, "mkdir -p /run/cdi\nmount --bind %q /run/cdi\n", n.CDIDir)
+		fmt.Fprintf(&b, "mkdir -p /run/containerd\nmount --bind %q /run/containerd\n", n.path("ctd"))
 	}
 	for name := range sysctls {
 		f := n.path("sysctl", strings.ReplaceAll(name, "/", "-"))
 		fmt.Fprintf(&b, "mount --bind %q /proc/sys/%s\nmount -o remount,bind,ro /proc/sys/%s\n", f, name, name)
+	}
+	if n.opts.Containerd != nil {
+		// Shared within the node's namespace (its mounts are copies, private to the host),
+		// as on a host: containerd mounts a hostPath with HostToContainer propagation only
+		// from a shared or slave mount (the device plugin's /host/run).
+		b.WriteString("mount --make-rshared /\n")
 	}
 	return b.String()
 }
@@ -355,6 +375,9 @@ func (n *Node) kubeletArgs() []string {
 	args := []string{n.opts.Kubelet, "--config=" + n.path("kubelet.yaml"), "--kubeconfig=" + n.opts.Kubeconfig,
 		"--root-dir=/var/lib/kubelet", "--cert-dir=" + n.path("pki"), "--hostname-override=" + n.opts.NodeName,
 		"-v=" + strconv.Itoa(n.opts.Verbosity)}
+	if n.opts.NodeIP != "" {
+		args = append(args, "--node-ip="+n.opts.NodeIP)
+	}
 	if os.Geteuid() != 0 {
 		args = append(args, "--feature-gates=KubeletInUserNamespace=true")
 	}

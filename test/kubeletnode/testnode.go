@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -146,6 +147,27 @@ func (n *Node) ProbeReport(p *v1.Pod, container string) (report.Report, error) {
 		}
 	}
 	return r, fmt.Errorf("%s: no line on stdout yet", file)
+}
+
+// ContainerLog is the CRI log of the latest run of container in pod p on node n (lines of
+// "<time> <stream> <tag> <text>"), its last max bytes.
+func (n *Node) ContainerLog(p *v1.Pod, container string, max int) (string, error) {
+	files, err := filepath.Glob(n.path("pod-logs", p.Namespace+"_"+p.Name+"_"+string(p.UID), container, "*.log"))
+	if err != nil || len(files) == 0 {
+		return "", fmt.Errorf("no log of %s/%s container %s on %s", p.Namespace, p.Name, container, n.opts.NodeName)
+	}
+	slices.SortFunc(files, func(a, b string) int { return logRun(a) - logRun(b) })
+	raw, err := os.ReadFile(files[len(files)-1])
+	if err != nil {
+		return "", err
+	}
+	return string(raw[len(raw)-min(len(raw), max):]), nil
+}
+
+// logRun is the restart count a CRI log file is named after (<count>.log).
+func logRun(file string) int {
+	n, _ := strconv.Atoi(strings.TrimSuffix(filepath.Base(file), ".log"))
+	return n
 }
 
 // hostSysctls reads the sysctls the kubelet would set.

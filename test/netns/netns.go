@@ -30,11 +30,13 @@ const marker = "DYNAMIG_TEST_NETNS"
 // unavailable says why the tests run without a namespace of their own (nil once in one).
 var unavailable error = errors.New("netns.Main did not run")
 
-// Main is a suite's TestMain step: as root, it runs the test binary again, with the same
-// arguments and streams, in a new network namespace whose loopback is up, and exits with its
-// code; in that process (and where no namespace can be made) it returns and the caller runs
-// the tests, which call Require.
-func Main(m *testing.M) {
+// Main is a suite's TestMain step: as root, it runs prepare (when not nil), then the test
+// binary again, with the same arguments and streams, in a new network namespace whose
+// loopback is up, then prepare's cleanup, and exits with the tests' code; in that process (and
+// where no namespace can be made) it returns and the caller runs the tests, which call
+// Require. prepare is what needs the host's network (the go command's module downloads) and
+// hands its results to the tests through the environment (os.Setenv), which they inherit.
+func Main(m *testing.M, prepare func() (cleanup func(), err error)) {
 	if os.Getenv(marker) != "" {
 		if !Private() {
 			fmt.Fprintf(os.Stderr, "netns: %s is set, but the process runs in the namespace it names\n", marker)
@@ -56,11 +58,19 @@ func Main(m *testing.M) {
 		unavailable = err
 		return
 	}
+	cleanup := func() {}
+	if prepare != nil {
+		if cleanup, err = prepare(); err != nil {
+			fmt.Fprintf(os.Stderr, "netns: preparing the tests: %v\n", err)
+			os.Exit(1)
+		}
+	}
 	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
 	cmd.Env = append(os.Environ(), marker+"="+own)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
 	err = cmd.Run()
+	cleanup()
 	var exit *exec.ExitError
 	switch {
 	case err == nil:
@@ -126,8 +136,9 @@ func AddLocalAddress(ip net.IP) error {
 		return err
 	}
 	defer unix.Close(fd)
-	// An alias per address; the label must fit IFNAMSIZ (15 characters).
-	label := fmt.Sprintf("lo:%d", v4[3])
+	// An alias per address, named after all of it (setting an alias's address replaces
+	// the one it had); the label must fit IFNAMSIZ (15 characters).
+	label := fmt.Sprintf("lo:%x", []byte(v4))
 	for _, step := range []struct {
 		req  uint
 		addr net.IP

@@ -9,7 +9,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	Main(m)
+	Main(m, nil)
 	os.Exit(m.Run())
 }
 
@@ -35,8 +35,11 @@ func TestNamespace(t *testing.T) {
 			c.Close()
 		}
 	}()
-	if err := AddLocalAddress(net.ParseIP("10.0.0.1")); err != nil {
-		t.Fatal(err)
+	// Two addresses whose last bytes are the same: both stay.
+	for _, ip := range []string{"10.0.0.1", "10.89.0.1"} {
+		if err := AddLocalAddress(net.ParseIP(ip)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -51,6 +54,14 @@ func TestNamespace(t *testing.T) {
 	c.Close()
 	if string(got) != "api server" {
 		t.Errorf("through the proxy: %q", got)
+	}
+	for _, ip := range []string{"10.0.0.1", "10.89.0.1"} {
+		l, err := net.Listen("tcp", ip+":0")
+		if err != nil {
+			t.Errorf("%s is not local: %v", ip, err)
+			continue
+		}
+		l.Close()
 	}
 	// Only the one address is local: a neighbour of it is not (the netmask is /32).
 	if l, err := net.Listen("tcp", "10.0.0.2:0"); err == nil {

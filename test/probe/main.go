@@ -2,7 +2,9 @@
 // one JSON line what the container sees of its GPU devices — its environment's device
 // variables, the device nodes under /dev, the mounts — then waits for SIGTERM, or exits at
 // once with --exit=<code> (a Job's pod). `probe pause` is the pod sandbox's pause process:
-// it waits for SIGTERM. Built static (CGO_ENABLED=0) into the probe image (package images).
+// it waits for SIGTERM. Run as bash (the image that stands in for ubuntu's, where examples
+// run `bash -c "sleep …"`), it reports and waits whatever its arguments. Built static
+// (CGO_ENABLED=0) into the probe image (package images).
 package main
 
 import (
@@ -11,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/dynamig/dynamig/test/probe/report"
@@ -21,16 +24,26 @@ func main() {
 		wait()
 		return
 	}
+	if filepath.Base(os.Args[0]) == "bash" {
+		printReport()
+		wait()
+		return
+	}
 	exit := flag.Int("exit", -1, "exit with this code right after the report instead of waiting for SIGTERM")
 	flag.Parse()
-	if err := json.NewEncoder(os.Stdout).Encode(report.Collect()); err != nil {
-		fmt.Fprintln(os.Stderr, "probe:", err)
-		os.Exit(2)
-	}
+	printReport()
 	if *exit >= 0 {
 		os.Exit(*exit)
 	}
 	wait()
+}
+
+// printReport prints what the container sees, one JSON line on stdout.
+func printReport() {
+	if err := json.NewEncoder(os.Stdout).Encode(report.Collect()); err != nil {
+		fmt.Fprintln(os.Stderr, "probe:", err)
+		os.Exit(2)
+	}
 }
 
 // wait returns on SIGTERM or SIGINT.

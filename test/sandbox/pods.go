@@ -3,8 +3,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -17,54 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/dynamig/dynamig/api"
-	"github.com/dynamig/dynamig/test/cluster"
 )
-
-// DecodePods decodes the Pods of a YAML stream (documents separated by ---). Any other
-// kind is an error naming it.
-func DecodePods(data []byte) ([]*v1.Pod, error) {
-	objs, err := cluster.DecodeManifest(data)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*v1.Pod, len(objs))
-	for i, obj := range objs {
-		p, ok := obj.(*v1.Pod)
-		if !ok {
-			return nil, fmt.Errorf("object %d: a %T, not a Pod", i+1, obj)
-		}
-		out[i] = p
-	}
-	return out, nil
-}
-
-// ReadPods reads the Pods of every *.yaml and *.yml file in dir, in file name order.
-func ReadPods(dir string) ([]*v1.Pod, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, err
-	}
-	var out []*v1.Pod
-	for _, e := range entries {
-		if e.IsDir() || !(strings.HasSuffix(e.Name(), ".yaml") || strings.HasSuffix(e.Name(), ".yml")) {
-			continue
-		}
-		path := filepath.Join(dir, e.Name())
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return nil, err
-		}
-		pods, err := DecodePods(data)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		out = append(out, pods...)
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("%s: no Pods in *.yaml files", dir)
-	}
-	return out, nil
-}
 
 // CreatePods creates the pods as the admin identity (namespace "default" when a pod names
 // none) and returns them as created.

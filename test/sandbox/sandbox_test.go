@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/test/cluster"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 )
 
@@ -26,29 +27,8 @@ const installFile = "../../manifests/install.yaml"
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	QuietLogs(testing.Verbose())
+	cluster.QuietLogs(testing.Verbose())
 	os.Exit(m.Run())
-}
-
-func TestDecodePods(t *testing.T) {
-	pods, err := ReadPods("../../examples")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, p := range pods {
-		names = append(names, p.Name)
-		// As HAMi's documentation writes them: no schedulerName (the webhook sets it).
-		if p.Spec.SchedulerName != "" || p.Annotations[api.VGPUModeAnnotation] != api.ModeMIG {
-			t.Errorf("%s: %+v", p.Name, p)
-		}
-	}
-	if !slices.Equal(names, []string{"gpu-pod1", "mig-workload"}) {
-		t.Errorf("examples: %v", names)
-	}
-	if _, err := DecodePods([]byte("apiVersion: v1\nkind: Service\nmetadata: {name: x}\n")); err == nil || !strings.Contains(err.Error(), "Service, not a Pod") {
-		t.Errorf("a Service: %v", err)
-	}
 }
 
 // TestSandbox starts the default world, runs the seed pods (and a hami-core pod), checks
@@ -102,7 +82,7 @@ func TestSandbox(t *testing.T) {
 	}
 
 	// The seed pods, from examples/, and a hami-core pod.
-	pods, err := ReadPods("../../examples")
+	pods, err := cluster.ReadPods("../../examples")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,12 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dynamig/dynamig/test/sandbox"
+	"github.com/dynamig/dynamig/test/cluster"
 )
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	sandbox.QuietLogs(testing.Verbose())
+	cluster.QuietLogs(testing.Verbose())
 	os.Exit(m.Run())
 }
 

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/dynamig/dynamig/test/sandbox"
+	"github.com/dynamig/dynamig/test/cluster"
 )
 
 // Main is a sandbox suite's TestMain: quiet component logs unless -v, then each command the
@@ -17,7 +17,7 @@ import (
 // from the environment); then the tests, and exit with their code.
 func Main(m *testing.M, commands map[string]*string) {
 	flag.Parse()
-	sandbox.QuietLogs(testing.Verbose())
+	cluster.QuietLogs(testing.Verbose())
 	dir, err := os.MkdirTemp("", "sandbox-suite-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dynamig/dynamig/test/bench/burst"
 	"github.com/dynamig/dynamig/test/bench/machine"
+	"github.com/dynamig/dynamig/test/cluster"
 	"github.com/dynamig/dynamig/test/sandbox"
 )
 
@@ -27,7 +28,7 @@ func main() {
 	flag.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "give up when the pods do not all run within this time")
 	runs := flag.Int("runs", 3, "bursts, each on a fresh sandbox")
 	flag.Parse()
-	sandbox.QuietLogs(false)
+	cluster.QuietLogs(false)
 	var results []*burst.Result
 	for range *runs {
 		res, err := burst.Run(context.Background(), cfg)

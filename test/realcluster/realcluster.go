@@ -1,0 +1,548 @@
+// Package realcluster is a cluster on one machine made of the parts users run: etcd,
+// kube-apiserver, kube-controller-manager and the default kube-scheduler (in-process, from
+// the pinned Kubernetes modules), nodes whose real kubelet runs pods on real containerd and
+// runc with a pod network (test/kubeletnode, test/netns), and dynamig installed into it by
+// its Helm chart with Helm's SDK, its scheduler, webhook and device plugins running as pods
+// of their Deployments and DaemonSet, from images built here (package images). The only
+// stand-in is NVML: the device plugin's own simulator (--nvml=sim through the chart's
+// devicePlugin.extraArgs).
+//
+// The suite's TestMain calls Main: the tests run in a network namespace of their own, where
+// the pods' veths and routes are made and the kubernetes Service's cluster IP is served.
+package realcluster
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chartutil"
+	appsv1 "k8s.io/api/apps/v1"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/dynamig/dynamig/images"
+	"github.com/dynamig/dynamig/manifests"
+	"github.com/dynamig/dynamig/test/cluster"
+	"github.com/dynamig/dynamig/test/cluster/controllermanager"
+	"github.com/dynamig/dynamig/test/kubeletnode"
+	"github.com/dynamig/dynamig/test/netns"
+)
+
+// The install: dynamig's release and namespace, and the registry its images are named in
+// (global.imageRegistry; nothing is pulled: each node has them imported).
+const (
+	Release   = "dynamig"
+	Namespace = "dynamig-system"
+	Registry  = "dynamig.test"
+	imageTag  = "test"
+)
+
+// UbuntuImages are the images the examples run, which each node has as the probe.
+var UbuntuImages = []string{"docker.io/library/ubuntu:20.04", "docker.io/library/ubuntu:22.04"}
+
+// Main is the suite's TestMain: it builds what the clusters need while the host's network
+// is reachable (the real runtime, the kubelet, the images), then the tests run in a network
+// namespace of their own (netns.Main), with quiet component logs unless -v.
+func Main(m *testing.M) {
+	flag.Parse()
+	netns.Main(m, prepare)
+	cluster.QuietLogs(testing.Verbose())
+	os.Exit(m.Run())
+}
+
+// imagesEnv names the directory of the image archives prepare built.
+const imagesEnv = "DYNAMIG_REALCLUSTER_IMAGES"
+
+// prepare builds the real runtime and the kubelet (or takes them from the environment) and
+// the image archives, and hands them to the tests through the environment.
+func prepare() (func(), error) {
+	if err := kubeletnode.CheckContainerd(); err != nil {
+		return func() {}, nil // the tests skip, saying why
+	}
+	tools, err := kubeletnode.RuntimeTools()
+	if err != nil {
+		return nil, err
+	}
+	kubelet, err := kubeletnode.Binary()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "realcluster-images-")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := buildImages(dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	for k, v := range map[string]string{kubeletnode.ToolsEnv: tools, kubeletnode.KubeletEnv: kubelet, imagesEnv: dir} {
+		os.Setenv(k, v)
+	}
+	return func() { os.RemoveAll(dir) }, nil
+}
+
+// Options shape a cluster.
+type Options struct {
+	// Nodes are the GPU nodes' names (labelled gpu=on, so the device plugin runs there).
+	Nodes []string
+	// SimGPUs are every GPU node's simulated GPUs (--sim-gpus), default A100-40GB:1.
+	SimGPUs string
+	// Values are chart values over the cluster's own (images, one replica each, the
+	// simulator), as `helm install --set`.
+	Values map[string]any
+}
+
+// Cluster is a running cluster with dynamig installed.
+type Cluster struct {
+	CP     *cluster.ControlPlane
+	Client kubernetes.Interface
+	// Nodes by name.
+	Nodes map[string]*kubeletnode.Node
+	// Release is what Helm installed.
+	Release string
+}
+
+// Start starts a cluster for t and installs dynamig; everything is stopped, and checked to
+// have left nothing on the host, when t ends. It skips t where this machine cannot run one
+// (not root, no namespaces, no nsenter).
+func Start(t *testing.T, opts Options) *Cluster {
+	t.Helper()
+	netns.Require(t)
+	if err := kubeletnode.CheckContainerd(); err != nil {
+		t.Skip(err)
+	}
+	if opts.SimGPUs == "" {
+		opts.SimGPUs = "A100-40GB:1"
+	}
+	kubelet, err := kubeletnode.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools, err := kubeletnode.RuntimeTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	archives, err := imageArchives()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+
+	cp, err := cluster.Start(t, cluster.Options{
+		Empty:       true,
+		Users:       map[string][]string{"system:kube-scheduler": nil},
+		Controllers: controllermanager.Start,
+		// The API server calls the webhook at its pod's address (the Service's endpoints):
+		// no kube-proxy makes the Service's cluster IP reach it.
+		APIServerFlags: []string{"--enable-aggregator-routing=true"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := cp.Client(cluster.UserAdmin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := serveKubernetesService(ctx, client, cp); err != nil {
+		t.Fatal(err)
+	}
+	stopScheduler, err := startDefaultScheduler(ctx, cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopScheduler)
+
+	c := &Cluster{CP: cp, Client: client, Nodes: map[string]*kubeletnode.Node{}}
+	for i, name := range opts.Nodes {
+		c.startNode(t, ctx, i, name, kubelet, tools, archives)
+	}
+	values := map[string]any{
+		"global": map[string]any{"imageRegistry": Registry},
+		"images": map[string]any{
+			"scheduler":    map[string]any{"tag": imageTag, "pullPolicy": "Never"},
+			"webhook":      map[string]any{"tag": imageTag, "pullPolicy": "Never"},
+			"devicePlugin": map[string]any{"tag": imageTag, "pullPolicy": "Never"},
+		},
+		"scheduler": map[string]any{
+			"replicas":         1,
+			"admissionWebhook": map[string]any{"replicas": 1},
+		},
+		"devicePlugin": map[string]any{"extraArgs": []any{"--nvml=sim", "--sim-gpus=" + opts.SimGPUs}},
+	}
+	mergeValues(values, opts.Values)
+	if c.Release, err = install(ctx, cp, values); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.waitReady(ctx, len(opts.Nodes), 90*time.Second); err != nil {
+		if os.Getenv("DYNAMIG_HOLD") != "" {
+			t.Logf("holding: %v", err)
+			time.Sleep(10 * time.Minute)
+		}
+		t.Fatalf("%v\n%s", err, c.Describe(ctx))
+	}
+	return c
+}
+
+// startNode starts a GPU node on containerd with address 10.89.0.<i+1> and pod subnet
+// 10.88.<i+1>.0/24, its images imported, and labels it gpu=on once registered.
+func (c *Cluster) startNode(t *testing.T, ctx context.Context, i int, name, kubelet, tools string, archives []string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", name) // short: unix socket paths are limited
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := net.IPv4(10, 89, 0, byte(i+1))
+	if err := netns.AddLocalAddress(ip); err != nil {
+		t.Fatal(err)
+	}
+	log := &kubeletnode.LogBuffer{}
+	n, err := kubeletnode.Start(ctx, kubeletnode.Options{Kubelet: kubelet, Kubeconfig: c.CP.Kubeconfig, NodeName: name, Dir: dir, Log: log, NodeIP: ip.String(),
+		Containerd: &kubeletnode.ContainerdOptions{Tools: tools, Images: archives, SandboxImage: kubeletnode.PauseImage,
+			PodSubnet: fmt.Sprintf("10.88.%d.0/24", i+1)}})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	t.Cleanup(func() {
+		n.Stop()
+		if t.Failed() {
+			out := log.String()
+			t.Logf("node %s's output (last 20000 bytes):\n%s", name, out[max(0, len(out)-20000):])
+		}
+		if left := kubeletnode.LeftOnHost(name); len(left) > 0 {
+			t.Errorf("node %s left on the host: %v", name, left)
+		}
+		_ = os.RemoveAll(dir)
+	})
+	c.Nodes[name] = n
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"labels":{"gpu":"on"}}}`), metav1.PatchOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("node %s did not register: %v\n%s", name, err, log.String())
+	}
+}
+
+// serveKubernetesService makes the kubernetes Service's cluster IP reach the API server in
+// the test's network namespace, as kube-proxy does on a node: pods' in-cluster clients dial
+// KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT (the API server's certificate names the
+// address).
+func serveKubernetesService(ctx context.Context, client kubernetes.Interface, cp *cluster.ControlPlane) error {
+	svc, err := client.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	ip := net.ParseIP(svc.Spec.ClusterIP)
+	if ip == nil || len(svc.Spec.Ports) == 0 {
+		return fmt.Errorf("the kubernetes Service has no cluster IP or port: %+v", svc.Spec)
+	}
+	if err := netns.AddLocalAddress(ip); err != nil {
+		return err
+	}
+	server, err := url.Parse(cp.Config.Host)
+	if err != nil {
+		return err
+	}
+	return netns.Proxy(ctx, net.JoinHostPort(ip.String(), fmt.Sprint(svc.Spec.Ports[0].Port)), server.Host)
+}
+
+// startDefaultScheduler runs kube-scheduler's default profile in-process, as
+// system:kube-scheduler: the cluster's own scheduler, which places dynamig's pods.
+func startDefaultScheduler(ctx context.Context, cp *cluster.ControlPlane) (func(), error) {
+	kubeconfig, err := cp.WriteKubeconfig("system:kube-scheduler")
+	if err != nil {
+		return nil, err
+	}
+	cfg := filepath.Join(cp.Dir, "default-scheduler.yaml")
+	doc := fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: %q
+leaderElection:
+  leaderElect: false
+profiles:
+- schedulerName: default-scheduler
+`, kubeconfig)
+	if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
+		return nil, err
+	}
+	return cluster.StartScheduler(ctx, cp, cfg)
+}
+
+// install installs the embedded chart as Helm's install does (action.Install, release
+// storage in Secrets), into Namespace, created by Helm.
+func install(ctx context.Context, cp *cluster.ControlPlane, values map[string]any) (string, error) {
+	chart, err := manifests.Chart()
+	if err != nil {
+		return "", err
+	}
+	flags := genericclioptions.NewConfigFlags(false)
+	kubeconfig, ns := cp.Kubeconfig, Namespace
+	flags.KubeConfig, flags.Namespace = &kubeconfig, &ns
+	cfg := new(action.Configuration)
+	if err := cfg.Init(flags, Namespace, "secret", func(string, ...any) {}); err != nil {
+		return "", fmt.Errorf("helm: %w", err)
+	}
+	inst := action.NewInstall(cfg)
+	inst.ReleaseName, inst.Namespace, inst.CreateNamespace = Release, Namespace, true
+	inst.Timeout = 2 * time.Minute
+	// Helm's capabilities as it reads them from the cluster (action.Configuration's), but
+	// the version: the in-process API server reports v0.0.0-master, and the chart checks the
+	// version and names the scheduler image's minor after it.
+	kv, err := kubernetesRelease()
+	if err != nil {
+		return "", err
+	}
+	dc, err := flags.ToDiscoveryClient()
+	if err != nil {
+		return "", err
+	}
+	apiVersions, err := action.GetVersionSet(dc)
+	if err != nil {
+		return "", err
+	}
+	cfg.Capabilities = &chartutil.Capabilities{KubeVersion: *kv, APIVersions: apiVersions, HelmVersion: chartutil.DefaultCapabilities.HelmVersion}
+	rel, err := inst.RunWithContext(ctx, chart, values)
+	if err != nil {
+		return "", fmt.Errorf("helm install: %w", err)
+	}
+	return rel.Name, nil
+}
+
+// waitReady waits until the scheduler's and webhook's Deployments are available, the device
+// plugin runs Ready on every GPU node, and each node advertises its GPUs.
+func (c *Cluster) waitReady(ctx context.Context, gpuNodes int, timeout time.Duration) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
+		for _, name := range []string{"dynamig-scheduler", "dynamig-webhook"} {
+			d, err := c.Client.AppsV1().Deployments(Namespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				last = err.Error()
+				return false, nil
+			}
+			if !available(d) {
+				last = fmt.Sprintf("Deployment %s: %d of %d available", name, d.Status.AvailableReplicas, ptrValue(d.Spec.Replicas))
+				return false, nil
+			}
+		}
+		ds, err := c.Client.AppsV1().DaemonSets(Namespace).Get(ctx, "dynamig-device-plugin", metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		if int(ds.Status.NumberReady) != gpuNodes {
+			last = fmt.Sprintf("DaemonSet dynamig-device-plugin: %d of %d ready", ds.Status.NumberReady, gpuNodes)
+			return false, nil
+		}
+		for name := range c.Nodes {
+			n, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				last = err.Error()
+				return false, nil
+			}
+			if q := n.Status.Allocatable[v1.ResourceName("nvidia.com/gpu")]; q.IsZero() {
+				last = fmt.Sprintf("node %s advertises no nvidia.com/gpu", name)
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("dynamig did not come up: %s", last)
+	}
+	return nil
+}
+
+func available(d *appsv1.Deployment) bool {
+	for _, c := range d.Status.Conditions {
+		if c.Type == appsv1.DeploymentAvailable && c.Status == v1.ConditionTrue {
+			return d.Status.AvailableReplicas >= ptrValue(d.Spec.Replicas)
+		}
+	}
+	return false
+}
+
+func ptrValue(p *int32) int32 {
+	if p == nil {
+		return 1
+	}
+	return *p
+}
+
+// Describe is what a failed start or test shows: every pod of the cluster with its phase,
+// conditions and containers' states, and the events of dynamig's namespace.
+func (c *Cluster) Describe(ctx context.Context) string {
+	var b strings.Builder
+	pods, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	for _, p := range pods.Items {
+		fmt.Fprintf(&b, "pod %s/%s on %q: %s", p.Namespace, p.Name, p.Spec.NodeName, p.Status.Phase)
+		for _, cond := range p.Status.Conditions {
+			if cond.Status != v1.ConditionTrue {
+				fmt.Fprintf(&b, " %s=%s(%s)", cond.Type, cond.Status, cond.Message)
+			}
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			fmt.Fprintf(&b, " [%s ready=%v restarts=%d %+v]", cs.Name, cs.Ready, cs.RestartCount, cs.State)
+		}
+		b.WriteString("\n")
+		n := c.Nodes[p.Spec.NodeName]
+		for _, cs := range p.Status.ContainerStatuses {
+			if n == nil || cs.Ready {
+				continue
+			}
+			if log, err := n.ContainerLog(&p, cs.Name, 3000); err == nil {
+				fmt.Fprintf(&b, "  its container %s's log (last 3000 bytes):\n%s\n", cs.Name, log)
+			}
+		}
+	}
+	events, err := c.Client.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+	if err == nil {
+		for _, e := range events.Items {
+			if e.Type == v1.EventTypeWarning || e.InvolvedObject.Namespace == Namespace {
+				fmt.Fprintf(&b, "event %s %s/%s %s: %s\n", e.Type, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+			}
+		}
+	}
+	return b.String()
+}
+
+// mergeValues merges over into values, maps key by key, as Helm merges --set over a
+// values file.
+func mergeValues(values, over map[string]any) {
+	for k, v := range over {
+		if sub, ok := v.(map[string]any); ok {
+			if into, ok := values[k].(map[string]any); ok {
+				mergeValues(into, sub)
+				continue
+			}
+		}
+		values[k] = v
+	}
+}
+
+// imageArchives are the OCI archives prepare built: dynamig's three images, the probe's,
+// the pause image and ubuntu's stand-ins.
+func imageArchives() ([]string, error) {
+	dir := os.Getenv(imagesEnv)
+	if dir == "" {
+		return nil, fmt.Errorf("%s is not set: the suite's TestMain is realcluster.Main", imagesEnv)
+	}
+	archives, err := filepath.Glob(filepath.Join(dir, "*.tar"))
+	if err == nil && len(archives) == 0 {
+		err = fmt.Errorf("no image archives in %s", dir)
+	}
+	return archives, err
+}
+
+// buildImages builds dynamig's three binaries as `make build` does (the scheduler on this
+// test binary's Kubernetes minor) and writes into dir their images as package images makes
+// them, tagged as the chart names them with Registry and imageTag (the scheduler's with the
+// minor's suffix), and the probe's, pause and ubuntu's stand-in images.
+func buildImages(dir string) ([]string, error) {
+	archives, err := kubeletnode.ProbeArchives(dir)
+	if err != nil {
+		return nil, err
+	}
+	// ubuntu's images, which the examples name, stood in for by the probe answering to
+	// bash (their command is bash -c "sleep …"; ubuntu's own default command is bash).
+	ubuntu, err := images.Build(images.Spec{Name: "bash", Binary: filepath.Join(dir, "probe")})
+	if err != nil {
+		return nil, err
+	}
+	for _, ref := range UbuntuImages {
+		file := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(ref)+".tar")
+		if err := images.WriteArchive(file, ref, ubuntu); err != nil {
+			return nil, err
+		}
+		archives = append(archives, file)
+	}
+	minor, err := kubernetesMinor()
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range images.Shipped(dir, imageTag, "test") {
+		cmd := exec.Command("go", "build", "-ldflags=-w", "-o", s.Binary, "github.com/dynamig/dynamig/cmd/"+s.Name)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("building %s: %w\n%s", s.Name, err, out)
+		}
+		img, err := images.Build(s)
+		if err != nil {
+			return nil, err
+		}
+		tag := imageTag
+		if s.Name == "dynamig-scheduler" {
+			tag += "-k8s" + minor
+		}
+		ref := Registry + "/dynamig/" + s.Name + ":" + tag
+		file := filepath.Join(dir, s.Name+".tar")
+		if err := images.WriteArchive(file, ref, img); err != nil {
+			return nil, err
+		}
+		archives = append(archives, file)
+	}
+	return archives, nil
+}
+
+// kubernetesRelease is the release of the k8s.io/kubernetes module the go command's module
+// file pins ("v1.37.2"): the in-process API server's, which it does not report (its version
+// is stamped at link time, and a test binary is not).
+func kubernetesRelease() (*chartutil.KubeVersion, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "k8s.io/kubernetes").Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list -m k8s.io/kubernetes: %w", err)
+	}
+	return chartutil.ParseKubeVersion(strings.TrimSpace(string(out)))
+}
+
+// kubernetesMinor is "1.37" for kubernetesRelease: the scheduler image's tag suffix, as the
+// chart computes it from the cluster's version.
+func kubernetesMinor() (string, error) {
+	kv, err := kubernetesRelease()
+	if err != nil {
+		return "", err
+	}
+	return kv.Major + "." + kv.Minor, nil
+}
+
+// Pods lists the pods of dynamig's namespace whose name starts with prefix.
+func (c *Cluster) Pods(ctx context.Context, prefix string) ([]v1.Pod, error) {
+	list, err := c.Client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []v1.Pod
+	for _, p := range list.Items {
+		if strings.HasPrefix(p.Name, prefix) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// IgnoreNotFound is err unless the object was not found.
+func IgnoreNotFound(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
