@@ -69,6 +69,7 @@ FUZZ_TARGETS := \
 	./plugins/dynamicmig/request:FuzzParsePod \
 	./deviceplugin/checkpoint:FuzzDecode \
 	./nvml/sim:FuzzParseGPUList \
+	./nvml/sim:FuzzRestore:20000x \
 	./webhook/mutation:FuzzDecide
 
 .PHONY: all build kubelet test test-minors test-minor test-kubelet test-preview modfiles print-k8s unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-burst kubectl

@@ -113,7 +113,7 @@ func (d *device) SetMigMode(enabled bool) error {
 	if !d.s.opts.MigModeNeedsReset {
 		d.g.migCurrent = enabled
 	}
-	return nil
+	return d.s.persisted(op, nil)
 }
 
 func profileInfo(p *config.Profile) nvml.GpuInstanceProfile {
@@ -245,6 +245,9 @@ func (d *device) CreateGpuInstanceWithPlacement(profileID int, pl api.Placement)
 	}
 	gi := &giState{gpu: g, id: id, profile: p, name: p.ParsedName(), placement: pl, cis: map[int]*ciState{}}
 	g.gis[id] = gi
+	if err := d.s.persisted(op, nil); err != nil {
+		return nil, err
+	}
 	return &gpuInstance{s: d.s, gi: gi}, nil
 }
 

@@ -84,22 +84,30 @@ func (h *gpuInstance) CreateComputeInstance() (_ nvml.ComputeInstance, err error
 	if len(h.gi.cis) > 0 {
 		return nil, nvml.Errorf(nvml.ErrorInsufficientRes, op, "the GPU instance's compute slices are taken by its compute instance")
 	}
-	ciProfile, ok := ciProfileBySlices[h.gi.name.Slices]
-	if h.gi.profile.NVMLIndex == giProfile1SliceRev2 {
-		ciProfile, ok = ciProfile1SliceRev1, true
-	}
+	ciProfile, ok := h.gi.ciProfile()
 	if !ok {
 		return nil, nvml.Errorf(nvml.ErrorNotSupported, op, "no compute-instance profile spans %d slices", h.gi.name.Slices)
 	}
-	h.s.migCounter++
+	// A fresh MIG UUID: past any a restored state file holds.
+	var migUUID string
+	for {
+		h.s.migCounter++
+		migUUID = "MIG-" + hashUUID("mig", h.s.opts.Seed, fmt.Sprint(h.s.migCounter))
+		if _, err := h.s.findCI(migUUID); err != nil {
+			break
+		}
+	}
 	ci := &ciState{
 		gi:        h.gi,
 		id:        0, // the full-GI CI starts at the GI's first compute slice
 		profileID: ciProfile,
-		migUUID:   "MIG-" + hashUUID("mig", h.s.opts.Seed, fmt.Sprint(h.s.migCounter)),
+		migUUID:   migUUID,
 		procs:     map[int]bool{},
 	}
 	h.gi.cis[ci.id] = ci
+	if err := h.s.persisted(op, nil); err != nil {
+		return nil, err
+	}
 	return &computeInstance{s: h.s, ci: ci}, nil
 }
 
@@ -133,7 +141,7 @@ func (h *gpuInstance) Destroy() (err error) {
 		return nvml.Errorf(nvml.ErrorInUse, op, "%d compute instances exist; destroy them first", n)
 	}
 	h.gi.remove()
-	return nil
+	return h.s.persisted(op, nil)
 }
 
 func (h *computeInstance) op(name string) string {
@@ -181,7 +189,7 @@ func (h *computeInstance) Destroy() (err error) {
 	}
 	h.ci.destroyed = true
 	delete(h.ci.gi.cis, h.ci.id)
-	return nil
+	return h.s.persisted(op, nil)
 }
 
 func (m *migDevice) op(name string) string {
@@ -233,4 +241,14 @@ func (m *migDevice) RunningProcesses() ([]int, error) {
 		return nil, err
 	}
 	return m.ci.pids(), nil
+}
+
+// ciProfile is the COMPUTE_INSTANCE_PROFILE index of the GI's one compute instance, the
+// full-GI one; false when none spans its slices.
+func (gi *giState) ciProfile() (int, bool) {
+	if gi.profile.NVMLIndex == giProfile1SliceRev2 {
+		return ciProfile1SliceRev1, true
+	}
+	p, ok := ciProfileBySlices[gi.name.Slices]
+	return p, ok
 }

@@ -53,6 +53,12 @@ type Options struct {
 	// reports about 1.5 s on real GPUs). Creates on one GPU run one after another, as the
 	// driver serialises a GPU's mutation; creates on different GPUs overlap. 0: instant.
 	CreateLatency time.Duration
+	// StateFile, when set, keeps what the GPUs keep across processes (MIG mode, GPU and
+	// compute instances, processes on them) in this file: New loads it when it exists, and
+	// every change is written to it at once. A device plugin run in a pod on simulated GPUs
+	// (--sim-state) finds, once its pod is made again, the instances it made before, as it
+	// would on real GPUs.
+	StateFile string
 }
 
 // Sim is a simulated NVML library with its GPUs. It implements nvml.Interface.
@@ -153,6 +159,11 @@ func New(opts Options, gpus ...GPUSpec) (*Sim, error) {
 		}
 		seen[g.uuid] = i
 		s.gpus = append(s.gpus, g)
+	}
+	if s.opts.StateFile != "" {
+		if err := s.restore(); err != nil {
+			return nil, err
+		}
 	}
 	return s, nil
 }
@@ -416,7 +427,7 @@ func (s *Sim) LoseGpuInstance(gpuIndex, giID int) error {
 		return fmt.Errorf("sim: GPU %d (%s) has no GPU instance %d", gpuIndex, g.uuid, giID)
 	}
 	gi.remove()
-	return nil
+	return s.persist()
 }
 
 // remove drops the GI and everything in it; callers hold s.mu.
@@ -458,7 +469,7 @@ func (s *Sim) AddProcess(migUUID string, pid int) error {
 		return fmt.Errorf("sim: PID %d already runs on %s", pid, migUUID)
 	}
 	ci.procs[pid] = true
-	return nil
+	return s.persist()
 }
 
 // RemoveProcess ends a compute process on a MIG device.
@@ -473,7 +484,7 @@ func (s *Sim) RemoveProcess(migUUID string, pid int) error {
 		return fmt.Errorf("sim: PID %d does not run on %s", pid, migUUID)
 	}
 	delete(ci.procs, pid)
-	return nil
+	return s.persist()
 }
 
 // ResetGPU resets a GPU: a pending MIG mode takes effect and, as on real hardware, every GI
@@ -499,7 +510,7 @@ func (s *Sim) ResetGPU(gpuIndex int) error {
 	}
 	g.lastGIID = 0
 	g.migCurrent = g.migPending
-	return nil
+	return s.persist()
 }
 
 // GPUState is one GPU in a Snapshot.

@@ -28,7 +28,6 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -539,10 +538,17 @@ func (c *Cluster) Pods(ctx context.Context, prefix string) ([]v1.Pod, error) {
 	return out, nil
 }
 
-// IgnoreNotFound is err unless the object was not found.
-func IgnoreNotFound(err error) error {
-	if apierrors.IsNotFound(err) {
-		return nil
+// Instances reads the MIG instances on node from its device plugin pod's /metrics, at the
+// pod's address, as Prometheus scrapes it (dynamig_mig_instance lists what NVML reports).
+func (c *Cluster) Instances(ctx context.Context, node string) ([]cluster.Instance, error) {
+	pods, err := c.Pods(ctx, "dynamig-device-plugin-")
+	if err != nil {
+		return nil, err
 	}
-	return err
+	for _, p := range pods {
+		if p.Spec.NodeName == node && p.Status.PodIP != "" && p.DeletionTimestamp == nil {
+			return cluster.ScrapeInstances(ctx, "http://"+net.JoinHostPort(p.Status.PodIP, "9394")+"/metrics")
+		}
+	}
+	return nil, fmt.Errorf("no running device plugin pod on node %s", node)
 }

@@ -4,17 +4,23 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/test/cluster"
+	"github.com/dynamig/dynamig/test/kubeletnode"
 	"github.com/dynamig/dynamig/test/probe/report"
 )
 
@@ -83,6 +89,121 @@ func TestChart(t *testing.T) {
 			c.seesOwnDevices(t, ctx, p.Namespace, p.Name)
 		}
 	})
+
+	t.Run("a Job's pod completes and its instance is reclaimed", func(t *testing.T) {
+		job := &batchv1.Job{
+			ObjectMeta: metav1.ObjectMeta{Name: "one-shot", Namespace: metav1.NamespaceDefault},
+			Spec: batchv1.JobSpec{
+				BackoffLimit: ptr.To[int32](0),
+				Template: v1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{api.VGPUModeAnnotation: api.ModeMIG}},
+					Spec: v1.PodSpec{
+						RestartPolicy: v1.RestartPolicyNever,
+						Containers: []v1.Container{{Name: "work", Image: kubeletnode.ProbeImage, Args: []string{"--exit=0"},
+							ImagePullPolicy: v1.PullNever,
+							Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
+								"nvidia.com/gpu": resource.MustParse("1"), "nvidia.com/gpumem": resource.MustParse("4000")}}}},
+					},
+				},
+			},
+		}
+		if _, err := c.Client.BatchV1().Jobs(job.Namespace).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			j, err := c.Client.BatchV1().Jobs(job.Namespace).Get(ctx, job.Name, metav1.GetOptions{})
+			return err == nil && j.Status.Succeeded == 1, nil
+		})
+		if err != nil {
+			t.Fatalf("the Job did not complete: %v\n%s", err, c.Describe(ctx))
+		}
+		pods, err := c.Client.CoreV1().Pods(job.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + job.Name})
+		if err != nil || len(pods.Items) != 1 {
+			t.Fatalf("the Job's pods: %v, %v", pods, err)
+		}
+		pod := pods.Items[0]
+		recs, err := api.DecodeMigReservations(pod.Annotations[api.MigReservationsAnnotation])
+		if err != nil || len(recs) != 1 || !recs[0].Realized() {
+			t.Fatalf("the Job's pod's reservation: %v, %v", recs, err)
+		}
+		got, err := c.Nodes[pod.Spec.NodeName].ProbeReport(&pod, "work")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Env["NVIDIA_VISIBLE_DEVICES"] != recs[0].MigUUID {
+			t.Errorf("the Job's container saw NVIDIA_VISIBLE_DEVICES=%q, want %s", got.Env["NVIDIA_VISIBLE_DEVICES"], recs[0].MigUUID)
+		}
+		c.noInstanceOf(t, ctx, &pod, recs[0].MigUUID)
+	})
+
+	t.Run("a pod deleted while it runs leaves no instance and no CDI spec", func(t *testing.T) {
+		raw, err := os.ReadFile("../../examples/mig-workload.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pods, err := cluster.DecodePods(raw)
+		if err != nil || len(pods) != 1 {
+			t.Fatalf("examples/mig-workload.yaml: %v, %v", pods, err)
+		}
+		p := pods[0]
+		p.Namespace = metav1.NamespaceDefault
+		if _, err := c.Client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		c.seesOwnDevices(t, ctx, p.Namespace, p.Name)
+		running, err := c.Client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs, _ := api.DecodeMigReservations(running.Annotations[api.MigReservationsAnnotation])
+		if err := c.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+			_, err := c.Client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
+		if err != nil {
+			t.Fatalf("the pod was not deleted: %v", err)
+		}
+		c.noInstanceOf(t, ctx, running, recs[0].MigUUID)
+	})
+}
+
+// noInstanceOf waits until the device plugin of p's node reports no MIG instance made for
+// p and no CDI spec on the node names migUUID.
+func (c *Cluster) noInstanceOf(t *testing.T, ctx context.Context, p *v1.Pod, migUUID string) {
+	t.Helper()
+	node := p.Spec.NodeName
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		ins, err := c.Instances(ctx, node)
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		for _, in := range ins {
+			if in.PodNamespace == p.Namespace && in.PodName == p.Name {
+				last = "instance " + in.String()
+				return false, nil
+			}
+		}
+		specs, err := os.ReadDir(c.Nodes[node].CDIDir)
+		if err != nil {
+			return false, err
+		}
+		for _, f := range specs {
+			raw, err := os.ReadFile(filepath.Join(c.Nodes[node].CDIDir, f.Name()))
+			if err == nil && strings.Contains(string(raw), migUUID) {
+				last = "CDI spec " + f.Name() + " names " + migUUID
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s/%s ended, but its instance or spec stays: %s", p.Namespace, p.Name, last)
+	}
 }
 
 func ready(p *v1.Pod) bool {

@@ -3,46 +3,24 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/deviceplugin/instances"
 	"github.com/dynamig/dynamig/inspect"
+	"github.com/dynamig/dynamig/test/cluster"
 )
 
-// Instance is a MIG instance as a node's device plugin reports it (dynamig_mig_instance),
-// with the pod it was made for (empty when dynamig did not make it).
-type Instance struct {
-	GPUUUID           string
-	Profile           string
-	Placement         api.Placement
-	GPUInstanceID     int
-	ComputeInstanceID int
-	PodNamespace      string
-	PodName           string
-}
-
-func (in Instance) String() string {
-	owner := "(not dynamig's)"
-	if in.PodName != "" {
-		owner = in.PodNamespace + "/" + in.PodName
-	}
-	return fmt.Sprintf("%s %s %s gi=%d ci=%d %s", in.GPUUUID, in.Profile, in.Placement, in.GPUInstanceID, in.ComputeInstanceID, owner)
-}
+// Instance is a MIG instance as a node's device plugin reports it (cluster.Instance).
+type Instance = cluster.Instance
 
 // Instances reads the MIG instances on node's simulated GPUs from its device plugin's
-// /metrics (dynamig_mig_instance, which lists what NVML reports), sorted by GPU and
-// placement.
+// /metrics (cluster.ScrapeInstances).
 //
 // The device plugins of a sandbox share one process and so one metrics registry, which
 // reports every node's instances: series are filtered by the node's GPU UUIDs.
@@ -53,58 +31,15 @@ func (s *Sandbox) Instances(node string) ([]Instance, error) {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, n.metricsURL(), nil)
+	all, err := cluster.ScrapeInstances(ctx, n.metricsURL())
 	if err != nil {
 		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		return nil, fmt.Errorf("%s: %s: %s", n.metricsURL(), resp.Status, body)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", n.metricsURL(), err)
 	}
 	ours := map[string]bool{}
 	for _, id := range n.info().GPUUUIDs {
 		ours[id] = true
 	}
-	var out []Instance
-	if mf := families["dynamig_mig_instance"]; mf != nil {
-		for _, m := range mf.GetMetric() {
-			l := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				l[lp.GetName()] = lp.GetValue()
-			}
-			if !ours[l["gpu_uuid"]] {
-				continue
-			}
-			in := Instance{GPUUUID: l["gpu_uuid"], Profile: l["profile"], PodNamespace: l["pod_namespace"], PodName: l["pod_name"]}
-			for _, f := range []struct {
-				label string
-				to    *int
-			}{{"placement_start", &in.Placement.Start}, {"placement_size", &in.Placement.Size},
-				{"gpu_instance_id", &in.GPUInstanceID}, {"compute_instance_id", &in.ComputeInstanceID}} {
-				if *f.to, err = strconv.Atoi(l[f.label]); err != nil {
-					return nil, fmt.Errorf("dynamig_mig_instance: label %s=%q: %w", f.label, l[f.label], err)
-				}
-			}
-			out = append(out, in)
-		}
-	}
-	slices.SortFunc(out, func(a, b Instance) int {
-		if c := strings.Compare(a.GPUUUID, b.GPUUUID); c != 0 {
-			return c
-		}
-		return a.Placement.Start - b.Placement.Start
-	})
-	return out, nil
+	return slices.DeleteFunc(all, func(in Instance) bool { return !ours[in.GPUUUID] }), nil
 }
 
 // GPUOccupancy is one MIG GPU's reservations, by placement.

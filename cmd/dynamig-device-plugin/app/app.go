@@ -134,8 +134,9 @@ func (f *configFlags) load() (*config.DeviceConfig, error) {
 
 // nvmlFlags selects and builds the NVML backend.
 type nvmlFlags struct {
-	backend string
-	simGPUs string
+	backend  string
+	simGPUs  string
+	simState string
 	// given replaces the flags' choice (WithNVML).
 	given nvml.Interface
 }
@@ -143,6 +144,7 @@ type nvmlFlags struct {
 func (f *nvmlFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.backend, "nvml", "real", `NVML backend: "real" (libnvidia-ml through go-nvml) or "sim" (simulated GPUs, see --sim-gpus)`)
 	cmd.Flags().StringVar(&f.simGPUs, "sim-gpus", "", "with --nvml=sim: the simulated GPUs as MODEL[:COUNT],... where MODEL is a model key (A100-40GB) or an NVML name (NVIDIA A100-PCIE-40GB); MIG mode is on, except on a node that nodeconfig makes hami-core")
+	cmd.Flags().StringVar(&f.simState, "sim-state", "", "with --nvml=sim: a file that keeps the simulated GPUs' MIG mode and instances across restarts of the plugin, as real GPUs keep theirs (read at start when it exists, rewritten at every change); empty: they live as long as the process")
 }
 
 // open validates the flags and returns an initialised library; seed makes simulated UUIDs
@@ -155,8 +157,8 @@ func (f *nvmlFlags) open(seed string, node config.NodeConfig) (nvml.Interface, e
 	var lib nvml.Interface
 	switch f.backend {
 	case "real":
-		if f.simGPUs != "" {
-			return nil, usagef("--sim-gpus needs --nvml=sim")
+		if f.simGPUs != "" || f.simState != "" {
+			return nil, usagef("--sim-gpus and --sim-state need --nvml=sim")
 		}
 		lib = gonvml.New()
 	case "sim":
@@ -168,9 +170,9 @@ func (f *nvmlFlags) open(seed string, node config.NodeConfig) (nvml.Interface, e
 			return nil, usagef("--sim-gpus: %v", err)
 		}
 		sim.SetMIGModeFor(specs, node.OperatingMode)
-		s, err := sim.New(sim.Options{Seed: seed}, specs...)
+		s, err := sim.New(sim.Options{Seed: seed, StateFile: f.simState}, specs...)
 		if err != nil {
-			return nil, usagef("--sim-gpus: %v", err)
+			return nil, usagef("--sim-gpus, --sim-state: %v", err)
 		}
 		lib = s
 	default:
