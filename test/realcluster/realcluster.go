@@ -182,13 +182,16 @@ func Start(t *testing.T, opts Options) *Cluster {
 			"replicas":         1,
 			"admissionWebhook": map[string]any{"replicas": 1},
 		},
-		"devicePlugin": map[string]any{"extraArgs": []any{"--nvml=sim", "--sim-gpus=" + opts.SimGPUs}},
+		// The simulated GPUs keep their instances in a file on the node, as real GPUs do,
+		// across the plugin pod's restarts.
+		"devicePlugin": map[string]any{"extraArgs": []any{"--nvml=sim", "--sim-gpus=" + opts.SimGPUs,
+			"--sim-state=/var/lib/kubelet/device-plugins/dynamig-sim-gpus.json"}},
 	}
 	mergeValues(values, opts.Values)
 	if c.Release, err = install(ctx, cp, values); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.waitReady(ctx, len(opts.Nodes), 90*time.Second); err != nil {
+	if err := c.waitReady(ctx, len(opts.Nodes), 3*time.Minute); err != nil {
 		if os.Getenv("DYNAMIG_HOLD") != "" {
 			t.Logf("holding: %v", err)
 			time.Sleep(10 * time.Minute)

@@ -168,6 +168,80 @@ func TestChart(t *testing.T) {
 		}
 		c.noInstanceOf(t, ctx, running, recs[0].MigUUID)
 	})
+
+	t.Run("a device plugin pod deleted comes back and adopts the running instances", func(t *testing.T) {
+		seed, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, "gpu-pod1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node := seed.Spec.NodeName
+		before, err := c.Instances(ctx, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(before, func(in cluster.Instance) bool { return in.PodName == "gpu-pod1" }) {
+			t.Fatalf("no instance of gpu-pod1 on %s to adopt: %v", node, before)
+		}
+		old := c.devicePluginPod(t, ctx, node)
+		if err := c.Client.CoreV1().Pods(Namespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		var fresh *v1.Pod
+		err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			p := c.devicePluginPod(t, ctx, node)
+			if p == nil || p.UID == old.UID || !ready(p) {
+				return false, nil
+			}
+			fresh = p
+			return true, nil
+		})
+		if err != nil {
+			t.Fatalf("the DaemonSet made no Ready device plugin pod on %s again: %v\n%s", node, err, c.Describe(ctx))
+		}
+		after, err := c.Instances(ctx, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(after, before) {
+			t.Errorf("instances on %s before the plugin pod was deleted:\n%v\nafter its new pod %s started:\n%v", node, before, fresh.Name, after)
+		}
+		now, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, "gpu-pod1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now.Status.Phase != v1.PodRunning || now.Status.ContainerStatuses[0].RestartCount != 0 ||
+			now.Annotations[api.MigReservationsAnnotation] != seed.Annotations[api.MigReservationsAnnotation] {
+			t.Errorf("gpu-pod1 changed: %s, restarts %d, reservations %s → %s", now.Status.Phase,
+				now.Status.ContainerStatuses[0].RestartCount, seed.Annotations[api.MigReservationsAnnotation], now.Annotations[api.MigReservationsAnnotation])
+		}
+		// The new plugin serves: a pod placed on the node now gets its instance.
+		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "after-restart", Namespace: metav1.NamespaceDefault,
+			Annotations: map[string]string{api.VGPUModeAnnotation: api.ModeMIG}},
+			Spec: v1.PodSpec{NodeSelector: map[string]string{"kubernetes.io/hostname": node},
+				Containers: []v1.Container{{Name: "work", Image: kubeletnode.ProbeImage, ImagePullPolicy: v1.PullNever,
+					Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
+						"nvidia.com/gpu": resource.MustParse("1"), "nvidia.com/gpumem": resource.MustParse("4000")}}}}}}
+		if _, err := c.Client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		c.seesOwnDevices(t, ctx, p.Namespace, p.Name)
+	})
+}
+
+// devicePluginPod is the device plugin pod on node that is not being deleted (nil when
+// there is none).
+func (c *Cluster) devicePluginPod(t *testing.T, ctx context.Context, node string) *v1.Pod {
+	t.Helper()
+	pods, err := c.Pods(ctx, "dynamig-device-plugin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods {
+		if p.Spec.NodeName == node && p.DeletionTimestamp == nil {
+			return &p
+		}
+	}
+	return nil
 }
 
 // noInstanceOf waits until the device plugin of p's node reports no MIG instance made for
