@@ -48,31 +48,47 @@ func startTestNode(t *testing.T, name string, ctd *ContainerdOptions) (*Node, ku
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := os.MkdirTemp("", name) // short: unix socket paths are limited
-	if err != nil {
-		t.Fatal(err)
+	t.Cleanup(func() {
+		if after := hostSysctls(); after != before {
+			t.Errorf("host sysctls changed: %q → %q", before, after)
+		}
+	})
+	n := StartForTest(t, context.Background(), Options{Kubelet: kubelet, Kubeconfig: cp.Kubeconfig, NodeName: name, Containerd: ctd})
+	return n, client
+}
+
+// StartForTest starts a node of opts for t in a directory of its own (opts.Dir, made here
+// when empty), its output kept in a buffer (opts.Log) and logged if t fails; when t ends the
+// node is stopped, the test fails if anything of it is left on the host, and the directory
+// is removed.
+func StartForTest(t *testing.T, ctx context.Context, opts Options) *Node {
+	t.Helper()
+	if opts.Dir == "" {
+		dir, err := os.MkdirTemp("", opts.NodeName) // short: unix socket paths are limited
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Dir = dir
 	}
 	log := &LogBuffer{}
-	n, err := Start(context.Background(), Options{Kubelet: kubelet, Kubeconfig: cp.Kubeconfig, NodeName: name, Dir: dir, Log: log, Containerd: ctd})
+	opts.Log = log
+	n, err := Start(ctx, opts)
 	if err != nil {
-		_ = os.RemoveAll(dir)
+		_ = os.RemoveAll(opts.Dir)
 		t.Fatalf("%v\n%s", err, log.String())
 	}
 	t.Cleanup(func() {
 		n.Stop()
 		if t.Failed() {
 			out := log.String()
-			t.Logf("node output (last 30000 bytes):\n%s", out[max(0, len(out)-30000):])
+			t.Logf("node %s's output (last 30000 bytes):\n%s", opts.NodeName, out[max(0, len(out)-30000):])
 		}
-		if left := LeftOnHost(name); len(left) > 0 {
-			t.Errorf("left on the host: %v", left)
+		if left := LeftOnHost(opts.NodeName); len(left) > 0 {
+			t.Errorf("node %s left on the host: %v", opts.NodeName, left)
 		}
-		if after := hostSysctls(); after != before {
-			t.Errorf("host sysctls changed: %q → %q", before, after)
-		}
-		_ = os.RemoveAll(dir)
+		_ = os.RemoveAll(opts.Dir)
 	})
-	return n, client
+	return n
 }
 
 // The images a node on containerd is given (StartContainerdTestNode): the probe

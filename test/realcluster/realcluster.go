@@ -205,40 +205,20 @@ func Start(t *testing.T, opts Options) *Cluster {
 // 10.88.<i+1>.0/24, its images imported, and labels it gpu=on once registered.
 func (c *Cluster) startNode(t *testing.T, ctx context.Context, i int, name, kubelet, tools string, archives []string) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", name) // short: unix socket paths are limited
-	if err != nil {
-		t.Fatal(err)
-	}
 	ip := net.IPv4(10, 89, 0, byte(i+1))
 	if err := netns.AddLocalAddress(ip); err != nil {
 		t.Fatal(err)
 	}
-	log := &kubeletnode.LogBuffer{}
-	n, err := kubeletnode.Start(ctx, kubeletnode.Options{Kubelet: kubelet, Kubeconfig: c.CP.Kubeconfig, NodeName: name, Dir: dir, Log: log, NodeIP: ip.String(),
+	n := kubeletnode.StartForTest(t, ctx, kubeletnode.Options{Kubelet: kubelet, Kubeconfig: c.CP.Kubeconfig, NodeName: name, NodeIP: ip.String(),
 		Containerd: &kubeletnode.ContainerdOptions{Tools: tools, Images: archives, SandboxImage: kubeletnode.PauseImage,
 			PodSubnet: fmt.Sprintf("10.88.%d.0/24", i+1)}})
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		t.Fatalf("%v\n%s", err, log.String())
-	}
-	t.Cleanup(func() {
-		n.Stop()
-		if t.Failed() {
-			out := log.String()
-			t.Logf("node %s's output (last 20000 bytes):\n%s", name, out[max(0, len(out)-20000):])
-		}
-		if left := kubeletnode.LeftOnHost(name); len(left) > 0 {
-			t.Errorf("node %s left on the host: %v", name, left)
-		}
-		_ = os.RemoveAll(dir)
-	})
 	c.Nodes[name] = n
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		_, err := c.Client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"labels":{"gpu":"on"}}}`), metav1.PatchOptions{})
 		return err == nil, nil
 	})
 	if err != nil {
-		t.Fatalf("node %s did not register: %v\n%s", name, err, log.String())
+		t.Fatalf("node %s did not register: %v", name, err)
 	}
 }
 
