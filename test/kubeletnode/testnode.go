@@ -30,16 +30,13 @@ func StartTestNode(t *testing.T, name string) (*Node, kubernetes.Interface) {
 	return startTestNode(t, name, nil)
 }
 
-// startTestNode is StartTestNode, on containerd when ctd is set. Either way the test fails
-// if the host's sysctls changed, and on containerd if anything of the node is left on the
-// host (its cgroups).
+// startTestNode is StartTestNode, on containerd when ctd is set (StartForTest).
 func startTestNode(t *testing.T, name string, ctd *ContainerdOptions) (*Node, kubernetes.Interface) {
 	t.Helper()
 	kubelet, err := Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := hostSysctls()
 	cp, err := cluster.Start(t, cluster.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -48,21 +45,17 @@ func startTestNode(t *testing.T, name string, ctd *ContainerdOptions) (*Node, ku
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if after := hostSysctls(); after != before {
-			t.Errorf("host sysctls changed: %q → %q", before, after)
-		}
-	})
 	n := StartForTest(t, context.Background(), Options{Kubelet: kubelet, Kubeconfig: cp.Kubeconfig, NodeName: name, Containerd: ctd})
 	return n, client
 }
 
 // StartForTest starts a node of opts for t in a directory of its own (opts.Dir, made here
 // when empty), its output kept in a buffer (opts.Log) and logged if t fails; when t ends the
-// node is stopped, the test fails if anything of it is left on the host, and the directory
-// is removed.
+// node is stopped, the test fails if anything of it is left on the host (its cgroups) or the
+// host's sysctls the kubelet would set changed, and the directory is removed.
 func StartForTest(t *testing.T, ctx context.Context, opts Options) *Node {
 	t.Helper()
+	before := hostSysctls()
 	if opts.Dir == "" {
 		dir, err := os.MkdirTemp("", opts.NodeName) // short: unix socket paths are limited
 		if err != nil {
@@ -85,6 +78,9 @@ func StartForTest(t *testing.T, ctx context.Context, opts Options) *Node {
 		}
 		if left := LeftOnHost(opts.NodeName); len(left) > 0 {
 			t.Errorf("node %s left on the host: %v", opts.NodeName, left)
+		}
+		if after := hostSysctls(); after != before {
+			t.Errorf("host sysctls changed: %q → %q", before, after)
 		}
 		_ = os.RemoveAll(opts.Dir)
 	})
