@@ -198,9 +198,14 @@ func TestChart(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the DaemonSet made no Ready device plugin pod on %s again: %v\n%s", node, err, c.Describe(ctx))
 		}
-		after, err := c.Instances(ctx, node)
+		// Ready (its probe) may come before its metrics listener opens.
+		var after []cluster.Instance
+		err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			after, err = c.Instances(ctx, node)
+			return err == nil, nil
+		})
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("the new device plugin pod %s serves no metrics: %v\n%s", fresh.Name, err, c.Describe(ctx))
 		}
 		if !slices.Equal(after, before) {
 			t.Errorf("instances on %s before the plugin pod was deleted:\n%v\nafter its new pod %s started:\n%v", node, before, fresh.Name, after)
