@@ -113,7 +113,7 @@ func (d *device) SetMigMode(enabled bool) error {
 	if !d.s.opts.MigModeNeedsReset {
 		d.g.migCurrent = enabled
 	}
-	return d.s.persisted(op, nil)
+	return d.s.persisted(op)
 }
 
 func profileInfo(p *config.Profile) nvml.GpuInstanceProfile {
@@ -245,7 +245,7 @@ func (d *device) CreateGpuInstanceWithPlacement(profileID int, pl api.Placement)
 	}
 	gi := &giState{gpu: g, id: id, profile: p, name: p.ParsedName(), placement: pl, cis: map[int]*ciState{}}
 	g.gis[id] = gi
-	if err := d.s.persisted(op, nil); err != nil {
+	if err := d.s.persisted(op); err != nil {
 		return nil, err
 	}
 	return &gpuInstance{s: d.s, gi: gi}, nil

@@ -105,7 +105,7 @@ func (h *gpuInstance) CreateComputeInstance() (_ nvml.ComputeInstance, err error
 		procs:     map[int]bool{},
 	}
 	h.gi.cis[ci.id] = ci
-	if err := h.s.persisted(op, nil); err != nil {
+	if err := h.s.persisted(op); err != nil {
 		return nil, err
 	}
 	return &computeInstance{s: h.s, ci: ci}, nil
@@ -141,7 +141,7 @@ func (h *gpuInstance) Destroy() (err error) {
 		return nvml.Errorf(nvml.ErrorInUse, op, "%d compute instances exist; destroy them first", n)
 	}
 	h.gi.remove()
-	return h.s.persisted(op, nil)
+	return h.s.persisted(op)
 }
 
 func (h *computeInstance) op(name string) string {
@@ -189,7 +189,7 @@ func (h *computeInstance) Destroy() (err error) {
 	}
 	h.ci.destroyed = true
 	delete(h.ci.gi.cis, h.ci.id)
-	return h.s.persisted(op, nil)
+	return h.s.persisted(op)
 }
 
 func (m *migDevice) op(name string) string {

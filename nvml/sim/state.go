@@ -92,15 +92,11 @@ func (s *Sim) persist() error {
 	return nil
 }
 
-// persisted is err, or persist's error once err is nil: the end of a call that changed
-// what a GPU keeps (the change stands; a state that could not be saved is reported as
-// NVML's unknown error).
-func (s *Sim) persisted(op string, err error) error {
-	if err != nil {
-		return err
-	}
-	if perr := s.persist(); perr != nil {
-		return nvml.Errorf(nvml.ErrorUnknown, op, "%v", perr)
+// persisted is persist at the end of NVML call op that changed what a GPU keeps: the change
+// stands, and a state that could not be saved is reported as NVML's unknown error.
+func (s *Sim) persisted(op string) error {
+	if err := s.persist(); err != nil {
+		return nvml.Errorf(nvml.ErrorUnknown, op, "%v", err)
 	}
 	return nil
 }

@@ -21,8 +21,9 @@ import (
 	"github.com/dynamig/dynamig/test/netns"
 )
 
-// ToolsEnv names a directory holding the real runtime's binaries (RuntimeTools); `make test`
-// builds them into bin/tools and sets it.
+// ToolsEnv names a directory holding the real runtime's binaries (RuntimeTools), built
+// already: test/realcluster's TestMain sets it for the suite it runs in its own network
+// namespace, where the go command cannot download modules.
 const ToolsEnv = "DYNAMIG_RUNTIME_TOOLS"
 
 // The real runtime, each from its own module (go install pkg@version builds it in its own

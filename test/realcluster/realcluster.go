@@ -33,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/images"
 	"github.com/dynamig/dynamig/manifests"
@@ -101,9 +102,6 @@ type Options struct {
 	Nodes []string
 	// SimGPUs are every GPU node's simulated GPUs (--sim-gpus), default A100-40GB:1.
 	SimGPUs string
-	// Values are chart values over the cluster's own (images, one replica each, the
-	// simulator), as `helm install --set`.
-	Values map[string]any
 }
 
 // Cluster is a running cluster with dynamig installed.
@@ -112,8 +110,6 @@ type Cluster struct {
 	Client kubernetes.Interface
 	// Nodes by name.
 	Nodes map[string]*kubeletnode.Node
-	// Release is what Helm installed.
-	Release string
 }
 
 // Start starts a cluster for t and installs dynamig; everything is stopped, and checked to
@@ -187,15 +183,10 @@ func Start(t *testing.T, opts Options) *Cluster {
 		"devicePlugin": map[string]any{"extraArgs": []any{"--nvml=sim", "--sim-gpus=" + opts.SimGPUs,
 			"--sim-state=/var/lib/kubelet/device-plugins/dynamig-sim-gpus.json"}},
 	}
-	mergeValues(values, opts.Values)
-	if c.Release, err = install(ctx, cp, values); err != nil {
+	if err := install(ctx, cp, values); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.waitReady(ctx, len(opts.Nodes), 3*time.Minute); err != nil {
-		if os.Getenv("DYNAMIG_HOLD") != "" {
-			t.Logf("holding: %v", err)
-			time.Sleep(10 * time.Minute)
-		}
+	if err := c.waitReady(ctx, 3*time.Minute); err != nil {
 		t.Fatalf("%v\n%s", err, c.Describe(ctx))
 	}
 	return c
@@ -270,17 +261,17 @@ profiles:
 
 // install installs the embedded chart as Helm's install does (action.Install, release
 // storage in Secrets), into Namespace, created by Helm.
-func install(ctx context.Context, cp *cluster.ControlPlane, values map[string]any) (string, error) {
+func install(ctx context.Context, cp *cluster.ControlPlane, values map[string]any) error {
 	chart, err := manifests.Chart()
 	if err != nil {
-		return "", err
+		return err
 	}
 	flags := genericclioptions.NewConfigFlags(false)
 	kubeconfig, ns := cp.Kubeconfig, Namespace
 	flags.KubeConfig, flags.Namespace = &kubeconfig, &ns
 	cfg := new(action.Configuration)
 	if err := cfg.Init(flags, Namespace, "secret", func(string, ...any) {}); err != nil {
-		return "", fmt.Errorf("helm: %w", err)
+		return fmt.Errorf("helm: %w", err)
 	}
 	inst := action.NewInstall(cfg)
 	inst.ReleaseName, inst.Namespace, inst.CreateNamespace = Release, Namespace, true
@@ -290,27 +281,26 @@ func install(ctx context.Context, cp *cluster.ControlPlane, values map[string]an
 	// version and names the scheduler image's minor after it.
 	kv, err := kubernetesRelease()
 	if err != nil {
-		return "", err
+		return err
 	}
 	dc, err := flags.ToDiscoveryClient()
 	if err != nil {
-		return "", err
+		return err
 	}
 	apiVersions, err := action.GetVersionSet(dc)
 	if err != nil {
-		return "", err
+		return err
 	}
 	cfg.Capabilities = &chartutil.Capabilities{KubeVersion: *kv, APIVersions: apiVersions, HelmVersion: chartutil.DefaultCapabilities.HelmVersion}
-	rel, err := inst.RunWithContext(ctx, chart, values)
-	if err != nil {
-		return "", fmt.Errorf("helm install: %w", err)
+	if _, err := inst.RunWithContext(ctx, chart, values); err != nil {
+		return fmt.Errorf("helm install: %w", err)
 	}
-	return rel.Name, nil
+	return nil
 }
 
 // waitReady waits until the scheduler's and webhook's Deployments are available, the device
 // plugin runs Ready on every GPU node, and each node advertises its GPUs.
-func (c *Cluster) waitReady(ctx context.Context, gpuNodes int, timeout time.Duration) error {
+func (c *Cluster) waitReady(ctx context.Context, timeout time.Duration) error {
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
 		for _, name := range []string{"dynamig-scheduler", "dynamig-webhook"} {
@@ -320,7 +310,7 @@ func (c *Cluster) waitReady(ctx context.Context, gpuNodes int, timeout time.Dura
 				return false, nil
 			}
 			if !available(d) {
-				last = fmt.Sprintf("Deployment %s: %d of %d available", name, d.Status.AvailableReplicas, ptrValue(d.Spec.Replicas))
+				last = fmt.Sprintf("Deployment %s: %d of %d available", name, d.Status.AvailableReplicas, ptr.Deref(d.Spec.Replicas, 1))
 				return false, nil
 			}
 		}
@@ -329,8 +319,8 @@ func (c *Cluster) waitReady(ctx context.Context, gpuNodes int, timeout time.Dura
 			last = err.Error()
 			return false, nil
 		}
-		if int(ds.Status.NumberReady) != gpuNodes {
-			last = fmt.Sprintf("DaemonSet dynamig-device-plugin: %d of %d ready", ds.Status.NumberReady, gpuNodes)
+		if int(ds.Status.NumberReady) != len(c.Nodes) {
+			last = fmt.Sprintf("DaemonSet dynamig-device-plugin: %d of %d ready", ds.Status.NumberReady, len(c.Nodes))
 			return false, nil
 		}
 		for name := range c.Nodes {
@@ -355,17 +345,10 @@ func (c *Cluster) waitReady(ctx context.Context, gpuNodes int, timeout time.Dura
 func available(d *appsv1.Deployment) bool {
 	for _, c := range d.Status.Conditions {
 		if c.Type == appsv1.DeploymentAvailable && c.Status == v1.ConditionTrue {
-			return d.Status.AvailableReplicas >= ptrValue(d.Spec.Replicas)
+			return d.Status.AvailableReplicas >= ptr.Deref(d.Spec.Replicas, 1)
 		}
 	}
 	return false
-}
-
-func ptrValue(p *int32) int32 {
-	if p == nil {
-		return 1
-	}
-	return *p
 }
 
 // Describe is what a failed start or test shows: every pod of the cluster with its phase,
@@ -406,20 +389,6 @@ func (c *Cluster) Describe(ctx context.Context) string {
 		}
 	}
 	return b.String()
-}
-
-// mergeValues merges over into values, maps key by key, as Helm merges --set over a
-// values file.
-func mergeValues(values, over map[string]any) {
-	for k, v := range over {
-		if sub, ok := v.(map[string]any); ok {
-			if into, ok := values[k].(map[string]any); ok {
-				mergeValues(into, sub)
-				continue
-			}
-		}
-		values[k] = v
-	}
 }
 
 // imageArchives are the OCI archives prepare built: dynamig's three images, the probe's,
@@ -521,17 +490,30 @@ func (c *Cluster) Pods(ctx context.Context, prefix string) ([]v1.Pod, error) {
 	return out, nil
 }
 
-// Instances reads the MIG instances on node from its device plugin pod's /metrics, at the
-// pod's address, as Prometheus scrapes it (dynamig_mig_instance lists what NVML reports).
-func (c *Cluster) Instances(ctx context.Context, node string) ([]cluster.Instance, error) {
+// DevicePluginPod is the device plugin pod on node that is not being deleted (nil when
+// there is none).
+func (c *Cluster) DevicePluginPod(ctx context.Context, node string) (*v1.Pod, error) {
 	pods, err := c.Pods(ctx, "dynamig-device-plugin-")
 	if err != nil {
 		return nil, err
 	}
 	for _, p := range pods {
-		if p.Spec.NodeName == node && p.Status.PodIP != "" && p.DeletionTimestamp == nil {
-			return cluster.ScrapeInstances(ctx, "http://"+net.JoinHostPort(p.Status.PodIP, "9394")+"/metrics")
+		if p.Spec.NodeName == node && p.DeletionTimestamp == nil {
+			return &p, nil
 		}
 	}
-	return nil, fmt.Errorf("no running device plugin pod on node %s", node)
+	return nil, nil
+}
+
+// Instances reads the MIG instances on node from its device plugin pod's /metrics, at the
+// pod's address, as Prometheus scrapes it (dynamig_mig_instance lists what NVML reports).
+func (c *Cluster) Instances(ctx context.Context, node string) ([]cluster.Instance, error) {
+	p, err := c.DevicePluginPod(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	if p == nil || p.Status.PodIP == "" {
+		return nil, fmt.Errorf("no running device plugin pod on node %s", node)
+	}
+	return cluster.ScrapeInstances(ctx, "http://"+net.JoinHostPort(p.Status.PodIP, "9394")+"/metrics")
 }

@@ -182,14 +182,17 @@ func TestChart(t *testing.T) {
 		if !slices.ContainsFunc(before, func(in cluster.Instance) bool { return in.PodName == "gpu-pod1" }) {
 			t.Fatalf("no instance of gpu-pod1 on %s to adopt: %v", node, before)
 		}
-		old := c.devicePluginPod(t, ctx, node)
+		old, err := c.DevicePluginPod(ctx, node)
+		if err != nil || old == nil {
+			t.Fatalf("the device plugin pod on %s: %v, %v", node, old, err)
+		}
 		if err := c.Client.CoreV1().Pods(Namespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		var fresh *v1.Pod
 		err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-			p := c.devicePluginPod(t, ctx, node)
-			if p == nil || p.UID == old.UID || !ready(p) {
+			p, err := c.DevicePluginPod(ctx, node)
+			if err != nil || p == nil || p.UID == old.UID || !ready(p) {
 				return false, nil
 			}
 			fresh = p
@@ -231,22 +234,6 @@ func TestChart(t *testing.T) {
 		}
 		c.seesOwnDevices(t, ctx, p.Namespace, p.Name)
 	})
-}
-
-// devicePluginPod is the device plugin pod on node that is not being deleted (nil when
-// there is none).
-func (c *Cluster) devicePluginPod(t *testing.T, ctx context.Context, node string) *v1.Pod {
-	t.Helper()
-	pods, err := c.Pods(ctx, "dynamig-device-plugin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range pods {
-		if p.Spec.NodeName == node && p.DeletionTimestamp == nil {
-			return &p
-		}
-	}
-	return nil
 }
 
 // noInstanceOf waits until the device plugin of p's node reports no MIG instance made for
