@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 )
 
 // ShutdownTimeout bounds how long the listener waits for open scrapes once its context ends.
@@ -22,8 +23,9 @@ const ShutdownTimeout = 5 * time.Second
 // Serve serves g at /metrics on addr until ctx ends, then shuts the server down gracefully and
 // closes the returned channel; it returns the listener's address. flag names the command's flag
 // that set addr, in the error of a listener that cannot open. An empty addr serves nothing: a nil
-// address and a closed channel.
-func Serve(ctx context.Context, addr, flag string, g prometheus.Gatherer) (net.Addr, <-chan struct{}, error) {
+// address and a closed channel. With ready checks, /readyz serves them too (200 when every
+// check passes, 500 naming the failed ones; ?verbose lists each).
+func Serve(ctx context.Context, addr, flag string, g prometheus.Gatherer, ready map[string]healthz.Checker) (net.Addr, <-chan struct{}, error) {
 	stopped := make(chan struct{})
 	if addr == "" {
 		close(stopped)
@@ -36,6 +38,11 @@ func Serve(ctx context.Context, addr, flag string, g prometheus.Gatherer) (net.A
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	if ready != nil {
+		h := http.StripPrefix("/readyz", &healthz.Handler{Checks: ready})
+		mux.Handle("/readyz", h)
+		mux.Handle("/readyz/", h)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	logger.Info("Serving metrics", "address", ln.Addr().String(), "path", "/metrics")
 	go func() {

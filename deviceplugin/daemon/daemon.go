@@ -8,9 +8,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -80,6 +82,24 @@ type Options struct {
 	// whether it applies CDI devices (nil: runtimecdi.DefaultEndpoints; empty, non-nil: the
 	// check is off).
 	RuntimeEndpoints []string
+	// Readiness, when set, reports the daemon's readiness (the plugin's /readyz).
+	Readiness *Readiness
+}
+
+// Readiness says whether the device plugin serves the kubelet: its instances recovered, its
+// first inventory published, and registered with the running kubelet. Its Check is the
+// chart's readiness probe, so that a Ready plugin pod means GPUs can be allocated on the node.
+type Readiness struct{ srv atomic.Pointer[server.Server] }
+
+// Check is a healthz checker: nil once ready, else what it waits for.
+func (r *Readiness) Check(*http.Request) error {
+	switch srv := r.srv.Load(); {
+	case srv == nil:
+		return errors.New("starting: recovering the node's instances and publishing its inventory")
+	case !srv.Registered():
+		return errors.New("not registered with the kubelet")
+	}
+	return nil
 }
 
 // Run runs until ctx ends.
@@ -194,6 +214,9 @@ func Run(ctx context.Context, opts Options) error {
 		Devices: devs.get, Changed: devs.changed, Allocator: alloc, PreStarter: alloc})
 	if err != nil {
 		return err
+	}
+	if opts.Readiness != nil {
+		opts.Readiness.srv.Store(srv)
 	}
 	heartbeat := &publish.Heartbeat{Client: opts.Client, NodeName: opts.NodeName, Namespace: opts.LeaseNamespace, Duration: publish.DefaultHeartbeatDuration, Clock: opts.Clock}
 

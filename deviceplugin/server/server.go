@@ -85,7 +85,14 @@ type Server struct {
 	// stopped is closed when Run ends, ending every ListAndWatch stream.
 	stopped chan struct{}
 	ran     atomic.Bool
+	// registered: the kubelet we last registered with took us (Registered).
+	registered atomic.Bool
 }
+
+// Registered says whether the plugin is registered with the running kubelet: false before
+// the first registration and from when the socket or the kubelet is found replaced until
+// registration succeeds again.
+func (s *Server) Registered() bool { return s.registered.Load() }
 
 // New validates opts, fills in defaults and returns a Server ready to Run.
 func New(opts Options) (*Server, error) {
@@ -197,6 +204,7 @@ func (s *Server) Run(ctx context.Context) error {
 		first      = true
 	)
 	defer func() {
+		s.registered.Store(false)
 		if l != nil {
 			l.stop()
 		}
@@ -261,6 +269,7 @@ func (s *Server) Run(ctx context.Context) error {
 				wait = min(wait, max(time.Until(nextTry), 0))
 			}
 		}
+		s.registered.Store(registered)
 		timer.Reset(wait)
 	}
 }

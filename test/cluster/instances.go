@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -35,9 +36,8 @@ func (in Instance) String() string {
 	return fmt.Sprintf("%s %s %s gi=%d ci=%d %s", in.GPUUUID, in.Profile, in.Placement, in.GPUInstanceID, in.ComputeInstanceID, owner)
 }
 
-// ScrapeInstances reads the MIG instances a device plugin's /metrics at url reports
-// (dynamig_mig_instance, which lists what NVML reports), sorted by GPU and placement.
-func ScrapeInstances(ctx context.Context, url string) ([]Instance, error) {
+// Scrape reads the metric families a Prometheus endpoint at url serves.
+func Scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
@@ -56,13 +56,29 @@ func ScrapeInstances(ctx context.Context, url string) ([]Instance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", url, err)
 	}
+	return families, nil
+}
+
+// Labels are the label pairs of a sample, by name.
+func Labels(m *dto.Metric) map[string]string {
+	l := map[string]string{}
+	for _, lp := range m.GetLabel() {
+		l[lp.GetName()] = lp.GetValue()
+	}
+	return l
+}
+
+// ScrapeInstances reads the MIG instances a device plugin's /metrics at url reports
+// (dynamig_mig_instance, which lists what NVML reports), sorted by GPU and placement.
+func ScrapeInstances(ctx context.Context, url string) ([]Instance, error) {
+	families, err := Scrape(ctx, url)
+	if err != nil {
+		return nil, err
+	}
 	var out []Instance
 	if mf := families["dynamig_mig_instance"]; mf != nil {
 		for _, m := range mf.GetMetric() {
-			l := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				l[lp.GetName()] = lp.GetValue()
-			}
+			l := Labels(m)
 			in := Instance{GPUUUID: l["gpu_uuid"], Profile: l["profile"], PodNamespace: l["pod_namespace"], PodName: l["pod_name"]}
 			for _, f := range []struct {
 				label string

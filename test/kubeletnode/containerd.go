@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -38,8 +40,25 @@ var runtimeTools = []string{
 	"github.com/containernetworking/plugins/plugins/ipam/host-local@v1.9.1",
 }
 
+// containerd17 is containerd 1.7, the last whose CRI plugin can turn CDI off (enable_cdi;
+// 2.x always applies CDI): the runtime of a node with ContainerdOptions.CDIOff. Its module
+// has exclude directives, which `go install pkg@version` refuses, so it is built as the main
+// module in its directory of the module cache (its own go.sum, nothing written there), without
+// cgo.
+const containerd17 = "github.com/containerd/containerd@v1.7.35"
+
+// containerd17Flags build containerd17 as its release is built (its version stamped: the CRI
+// reports it, and the device plugin reads it), without the snapshotters and tracing nothing
+// here uses.
+var containerd17Flags = []string{"-mod=readonly", "-trimpath", "-tags=no_aufs,no_btrfs,no_devmapper,no_zfs,no_tracing",
+	"-ldflags=-s -w -X github.com/containerd/containerd/version.Version=" + strings.Split(containerd17, "@")[1]}
+
+// containerd17Dir is the directory in RuntimeTools' holding containerd17's containerd and
+// its runc shim (2.x's shim refuses 1.7's start-up protocol), first on its PATH.
+const containerd17Dir = "containerd-1.7"
+
 // runtimeToolNames are the binaries RuntimeTools' directory holds.
-var runtimeToolNames = []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "loopback", "ptp", "host-local", "cnistub", "noseccomp"}
+var runtimeToolNames = []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "loopback", "ptp", "host-local", "cnistub", "noseccomp", containerd17Dir + "/containerd", containerd17Dir + "/containerd-shim-runc-v2"}
 
 // ourTools are the programs of this module among them.
 var ourTools = []string{"cnistub", "noseccomp"}
@@ -52,7 +71,11 @@ func RuntimeTools() (string, error) { return toolsBuild.get() }
 
 var toolsBuild = &cachedBuild{env: ToolsEnv, what: "the real runtime",
 	name: func() (string, error) {
-		sum := sha256.Sum256([]byte(strings.Join(runtimeTools, "\n")))
+		var spec []string
+		for _, pkg := range runtimeTools {
+			spec = append(spec, pkg+" "+installLDFlags(pkg))
+		}
+		sum := sha256.Sum256([]byte(strings.Join(slices.Concat(spec, []string{containerd17}, containerd17Flags), "\n")))
 		return "tools-" + hex.EncodeToString(sum[:6]), nil
 	},
 	check: checkTools, build: BuildRuntimeTools}
@@ -70,11 +93,14 @@ func BuildRuntimeTools(dir string) error {
 		if _, err := os.Stat(filepath.Join(dir, path.Base(strings.Split(pkg, "@")[0]))); err == nil {
 			continue
 		}
-		cmd := exec.Command("go", "install", "-ldflags=-s -w", pkg)
+		cmd := exec.Command("go", "install", "-ldflags="+installLDFlags(pkg), pkg)
 		cmd.Env = env
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("go install %s: %w\n%s", pkg, err, out)
 		}
+	}
+	if err := buildContainerd17(dir, env); err != nil {
+		return err
 	}
 	for _, name := range ourTools {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "github.com/dynamig/dynamig/test/kubeletnode/"+name)
@@ -84,6 +110,39 @@ func BuildRuntimeTools(dir string) error {
 		}
 	}
 	return checkTools(dir)
+}
+
+// buildContainerd17 builds containerd17's containerd and shim into dir/containerd17Dir,
+// unless there already.
+func buildContainerd17(dir string, env []string) error {
+	out := filepath.Join(dir, containerd17Dir)
+	if _, err := os.Stat(filepath.Join(out, "containerd-shim-runc-v2")); err == nil {
+		return nil
+	}
+	download := exec.Command("go", "mod", "download", "-json", containerd17)
+	download.Env = env
+	raw, err := download.Output()
+	var mod struct{ Dir, Error string }
+	if jerr := json.Unmarshal(raw, &mod); err != nil || jerr != nil || mod.Dir == "" {
+		return fmt.Errorf("go mod download %s: %v %v %s", containerd17, err, jerr, mod.Error)
+	}
+	build := exec.Command("go", append(append([]string{"build"}, containerd17Flags...), "-o", out+"/", "./cmd/containerd", "./cmd/containerd-shim-runc-v2")...)
+	build.Dir = mod.Dir
+	build.Env = append(env, "CGO_ENABLED=0", "GOWORK=off")
+	if b, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building %s: %w\n%s", containerd17, err, b)
+	}
+	return nil
+}
+
+// installLDFlags are the linker flags of a runtime tool: containerd's with its version
+// stamped as its releases have it (the CRI reports it, and the device plugin reads it).
+func installLDFlags(pkg string) string {
+	const ctd = "github.com/containerd/containerd/v2/"
+	if !strings.HasPrefix(pkg, ctd) {
+		return "-s -w"
+	}
+	return "-s -w -X " + ctd + "version.Version=" + strings.Split(pkg, "@")[1]
 }
 
 func checkTools(dir string) error {
@@ -110,6 +169,10 @@ type ContainerdOptions struct {
 	// namespace, which must be one of the test's own (test/netns): the veths and routes
 	// are made there. Unset, pods get an address and no network (cnistub).
 	PodSubnet string
+	// CDIOff runs the node on containerd 1.7 with enable_cdi = false, its default there:
+	// containers start without the edits of the CDI devices they are given, and the runtime
+	// says so in its CRI status (containerd 2.x cannot turn CDI off).
+	CDIOff bool
 }
 
 // CheckContainerd says whether this machine can run a node on containerd: as root (runc
@@ -197,7 +260,17 @@ func killNamespace(ns string, except int) int {
 type containerd struct {
 	cmd    *exec.Cmd
 	socket string
+	ctr    string // RuntimeTools' ctr
 	done   chan struct{}
+}
+
+// containers lists the IDs of the containers and pod sandboxes containerd holds for the CRI.
+func (c *containerd) containers() ([]string, error) {
+	out, err := exec.Command(c.ctr, "--address", c.socket, "--namespace", "k8s.io", "containers", "list", "--quiet").Output()
+	if err != nil {
+		return nil, fmt.Errorf("listing containerd's containers: %w", err)
+	}
+	return strings.Fields(string(out)), nil
 }
 
 // containerdConfig is containerd 2.x's configuration for a node: everything under dir, the
@@ -251,6 +324,48 @@ state = %[2]q
 		sandboxImage, cdiDir, filepath.Join(tools, "noseccomp"), filepath.Join(dir, "runc"), tools, filepath.Join(dir, "cni"), filepath.Join(dir, "s"))
 }
 
+// containerd17Config is containerd 1.7's configuration (version 2) of the same node as
+// containerdConfig's, with CDI off.
+func containerd17Config(dir, tools, sandboxImage string) string {
+	return fmt.Sprintf(`version = 2
+root = %[1]q
+state = %[2]q
+
+[grpc]
+  address = %[3]q
+[ttrpc]
+  address = %[4]q
+[debug]
+  address = ''
+[metrics]
+  address = ''
+
+[plugins.'io.containerd.grpc.v1.cri']
+  enable_cdi = false
+  sandbox_image = %[5]q
+  netns_mounts_under_state_dir = true
+  restrict_oom_score_adj = true
+  stream_server_address = '127.0.0.1'
+  stream_server_port = '0'
+  [plugins.'io.containerd.grpc.v1.cri'.containerd]
+    snapshotter = 'native'
+    default_runtime_name = 'runc'
+    [plugins.'io.containerd.grpc.v1.cri'.containerd.runtimes.runc]
+      runtime_type = 'io.containerd.runc.v2'
+      [plugins.'io.containerd.grpc.v1.cri'.containerd.runtimes.runc.options]
+        BinaryName = %[6]q
+        Root = %[7]q
+        SystemdCgroup = false
+  [plugins.'io.containerd.grpc.v1.cri'.cni]
+    bin_dir = %[8]q
+    conf_dir = %[9]q
+
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), filepath.Join(dir, "containerd.sock"), filepath.Join(dir, "containerd.ttrpc.sock"),
+		sandboxImage, filepath.Join(tools, "noseccomp"), filepath.Join(dir, "runc"), tools, filepath.Join(dir, "cni"))
+}
+
 // cniConfig is the node's pod network: the loopback plugin (each pod's lo), then cnistub (an
 // address, no network) or, with a subnet, ptp and host-local (a veth pair and a route per
 // pod, addresses of the subnet, the IPAM state under dir).
@@ -295,14 +410,18 @@ func startContainerd(ctx context.Context, h *holder, dir, cdiDir string, opts Co
 	if err := os.WriteFile(filepath.Join(dir, "cni", "10-dynamig-test.conflist"), []byte(cniConfig(opts.PodSubnet, filepath.Join(dir, "ipam"))), 0o644); err != nil {
 		return nil, err
 	}
-	cfg := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfg, []byte(containerdConfig(dir, opts.Tools, cdiDir, opts.SandboxImage)), 0o644); err != nil {
+	cfg, bin := containerdConfig(dir, opts.Tools, cdiDir, opts.SandboxImage), opts.Tools
+	if opts.CDIOff {
+		cfg, bin = containerd17Config(dir, opts.Tools, opts.SandboxImage), filepath.Join(opts.Tools, containerd17Dir)
+	}
+	cfgFile := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
 		return nil, err
 	}
-	c := &containerd{socket: filepath.Join(dir, "containerd.sock"), done: make(chan struct{})}
-	c.cmd = h.command(filepath.Join(opts.Tools, "containerd"), "--config", cfg)
+	c := &containerd{socket: filepath.Join(dir, "containerd.sock"), ctr: filepath.Join(opts.Tools, "ctr"), done: make(chan struct{})}
+	c.cmd = h.command(filepath.Join(bin, "containerd"), "--config", cfgFile)
 	// The shim is found on PATH.
-	c.cmd.Env = append(os.Environ(), "PATH="+opts.Tools+":"+os.Getenv("PATH"))
+	c.cmd.Env = append(os.Environ(), "PATH="+bin+":"+opts.Tools+":"+os.Getenv("PATH"))
 	c.cmd.Stdout, c.cmd.Stderr = log, log
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := c.cmd.Start(); err != nil {
@@ -329,8 +448,14 @@ func startContainerd(ctx context.Context, h *holder, dir, cdiDir string, opts Co
 			return nil, fmt.Errorf("containerd's socket %s: %w", c.socket, err)
 		}
 	}
+	importArgs := []string{"--address", c.socket, "--namespace", "k8s.io", "images", "import"}
+	if opts.CDIOff {
+		// 1.7's transfer service, which ctr 2.x imports through, stores an image without
+		// unpacking it or marking it the CRI's: the CRI would then try to pull it.
+		importArgs = append(importArgs, "--local", "--snapshotter", "native")
+	}
 	for _, archive := range opts.Images {
-		cmd := exec.CommandContext(ctx, filepath.Join(opts.Tools, "ctr"), "--address", c.socket, "--namespace", "k8s.io", "images", "import", archive)
+		cmd := exec.CommandContext(ctx, filepath.Join(opts.Tools, "ctr"), append(importArgs, archive)...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			c.stop()
 			return nil, fmt.Errorf("importing %s into containerd: %w: %s", archive, err, out)
@@ -449,12 +574,41 @@ func removeCgroups(name string) error {
 	return errors.Join(errs...)
 }
 
-// LeftOnHost lists what of the node is still on the host after Stop: its cgroup directories.
-func LeftOnHost(nodeName string) []string {
+// LeftOnHost lists what of the node is still on the host after Stop: its cgroup directories,
+// and for each container containerd held when it stopped, a cgroup of its own elsewhere
+// (containerd's default parent, /k8s.io/<id>, where it puts a container the kubelet gave no
+// parent) or a process in one.
+func (n *Node) LeftOnHost() []string {
 	var out []string
-	for _, d := range cgroupDirs(cgroupName(nodeName)) {
+	for _, d := range cgroupDirs(cgroupName(n.opts.NodeName)) {
 		if _, err := os.Stat(d); err == nil {
 			out = append(out, d)
+		}
+	}
+	if len(n.containerIDs) == 0 {
+		return out
+	}
+	for _, id := range n.containerIDs {
+		for _, d := range cgroupDirs(path.Join("k8s.io", id)) {
+			if _, err := os.Stat(d); err == nil {
+				out = append(out, d)
+			}
+		}
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil {
+			continue
+		}
+		for _, id := range n.containerIDs {
+			if strings.Contains(string(raw), id) {
+				out = append(out, fmt.Sprintf("process %s (of container %s)", e.Name(), id))
+				break
+			}
 		}
 	}
 	return out

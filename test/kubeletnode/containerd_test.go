@@ -18,7 +18,7 @@ import (
 // environment it was given; the pod is deleted; afterwards nothing of the node is left on
 // the host (StartContainerdTestNode checks).
 func TestContainerd(t *testing.T) {
-	n, client := StartContainerdTestNode(t, "kc")
+	n, client := StartContainerdTestNode(t, "kc", ContainerdOptions{})
 	ctx := context.Background()
 	e := &env{t: t, ctx: ctx, client: client, node: n}
 	e.waitFor("node Ready", 2*time.Minute, func() (bool, string) {

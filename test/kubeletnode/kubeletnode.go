@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -137,6 +138,8 @@ type Options struct {
 	// (netns.AddLocalAddress). Unset, the kubelet serves on 127.0.0.1 and the Node has no
 	// address (the kubelet finds no default route, and refuses a loopback node IP).
 	NodeIP string
+	// Taints are the Node's at registration (registerWithTaints).
+	Taints []v1.Taint
 	// Containerd, when set, runs the node on real containerd and runc instead (Runtime is
 	// then nil): containerd, its shims and the kubelet share one private mount namespace,
 	// the containers' cgroups are under /dynamig-test-<NodeName>, removed by Stop.
@@ -160,6 +163,8 @@ type Node struct {
 	// holder and containerd: a node on containerd (Options.Containerd).
 	holder     *holder
 	containerd *containerd
+	// containerIDs are the containers containerd held when the node stopped (LeftOnHost).
+	containerIDs []string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -254,6 +259,11 @@ func (n *Node) stopRuntime() {
 		n.Runtime.Stop()
 	}
 	if n.containerd != nil {
+		ids, err := n.containerd.containers()
+		if err != nil {
+			fmt.Fprintf(n.opts.Log, "kubeletnode: %v\n", err)
+		}
+		n.containerIDs = ids
 		n.containerd.stop()
 	}
 	if n.holder != nil {
@@ -318,6 +328,13 @@ registryPullQPS: 0
 		// made by startContainerd and removed by Stop: without the QoS tree the kubelet gives
 		// pod sandboxes no cgroup parent, and containerd puts them at /k8s.io/<id>.
 		cfg += "cgroupRoot: /" + cgroupName(n.opts.NodeName) + "\n"
+	}
+	if len(n.opts.Taints) > 0 {
+		taints, err := json.Marshal(n.opts.Taints) // JSON is YAML
+		if err != nil {
+			return err
+		}
+		cfg += "registerWithTaints: " + string(taints) + "\n"
 	}
 	if err := os.WriteFile(n.path("kubelet.yaml"), []byte(cfg), 0o644); err != nil {
 		return err

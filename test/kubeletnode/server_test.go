@@ -170,6 +170,9 @@ func TestServerOnTheRealKubelet(t *testing.T) {
 		t.Errorf("socket = %s, want %s", got, want)
 	}
 	waitDevices(t, client, name, res, 3, 3)
+	if !s.Registered() {
+		t.Error("Registered() is false while the kubelet lists the plugin's devices")
+	}
 
 	// Changed sends the new list: an unhealthy device is not allocatable, a new one is.
 	devs.setHealth("d1", pluginapi.Unhealthy)
@@ -239,6 +242,9 @@ func TestServerOnTheRealKubelet(t *testing.T) {
 	}
 	if _, err := os.Stat(s.SocketPath()); !os.IsNotExist(err) {
 		t.Errorf("socket still there after cancel: %v", err)
+	}
+	if s.Registered() {
+		t.Error("Registered() is true after Run ended")
 	}
 	waitDevices(t, client, name, res, 4, 0)
 }
@@ -316,6 +322,9 @@ func TestServerPreStartAndKubeletRestart(t *testing.T) {
 	late := newServer(t, node, "example.com/late", newFakeDevices(1), &fakeAllocator{}, nil)
 	startPlugin(t, late)
 	time.Sleep(time.Second)
+	if late.Registered() {
+		t.Error("a plugin started while the kubelet is down says Registered()")
+	}
 	lists := devs.listed()
 	restarted := time.Now()
 	if err := node.RestartKubelet(); err != nil {
@@ -335,7 +344,8 @@ func TestServerPreStartAndKubeletRestart(t *testing.T) {
 	// ListAndWatch stream is what shows it registered again.)
 	waitFor(t, "the plugin to register again", time.Minute, func() (bool, string) {
 		_, err := os.Stat(s.SocketPath())
-		return err == nil && devs.listed() > lists, fmt.Sprintf("socket: %v; %d device lists sent, %d before the restart", err, devs.listed(), lists)
+		return err == nil && devs.listed() > lists && s.Registered() && late.Registered(), fmt.Sprintf("socket: %v; %d device lists sent, %d before the restart; Registered() %t, the late plugin's %t",
+			err, devs.listed(), lists, s.Registered(), late.Registered())
 	})
 	// a keeps running, with no new container; b gets the other device.
 	created := len(node.Runtime.Created())

@@ -76,7 +76,7 @@ func StartForTest(t *testing.T, ctx context.Context, opts Options) *Node {
 			out := log.String()
 			t.Logf("node %s's output (last 30000 bytes):\n%s", opts.NodeName, out[max(0, len(out)-30000):])
 		}
-		if left := LeftOnHost(opts.NodeName); len(left) > 0 {
+		if left := n.LeftOnHost(); len(left) > 0 {
 			t.Errorf("node %s left on the host: %v", opts.NodeName, left)
 		}
 		if after := hostSysctls(); after != before {
@@ -95,9 +95,9 @@ const (
 )
 
 // StartContainerdTestNode is StartTestNode on real containerd and runc (RuntimeTools), with
-// the probe's images imported; it skips the test where this machine cannot run such a node
-// (CheckContainerd).
-func StartContainerdTestNode(t *testing.T, name string) (*Node, kubernetes.Interface) {
+// the probe's images imported, its other options those of opts; it skips the test where this
+// machine cannot run such a node (CheckContainerd).
+func StartContainerdTestNode(t *testing.T, name string, opts ContainerdOptions) (*Node, kubernetes.Interface) {
 	t.Helper()
 	if err := CheckContainerd(); err != nil {
 		t.Skip(err)
@@ -110,7 +110,8 @@ func StartContainerdTestNode(t *testing.T, name string) (*Node, kubernetes.Inter
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startTestNode(t, name, &ContainerdOptions{Tools: tools, Images: archives, SandboxImage: PauseImage})
+	opts.Tools, opts.Images, opts.SandboxImage = tools, archives, PauseImage
+	return startTestNode(t, name, &opts)
 }
 
 // ProbeArchives builds the probe (static) and writes its two images (ProbeImage,

@@ -24,6 +24,8 @@ import (
 	"testing"
 	"time"
 
+	containerregistry "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chartutil"
 	appsv1 "k8s.io/api/apps/v1"
@@ -51,6 +53,15 @@ const (
 	Registry  = "dynamig.test"
 	imageTag  = "test"
 )
+
+// CDIOffTaint is the taint of Options.CDIOffNodes: GPU nodes are commonly tainted
+// nvidia.com/gpu, which the chart's device plugin tolerates.
+var CDIOffTaint = v1.Taint{Key: "nvidia.com/gpu", Value: "cdi-off", Effect: v1.TaintEffectNoSchedule}
+
+// CUDAImage is an image of NVIDIA's that workloads run, which sets NVIDIA_VISIBLE_DEVICES=all
+// (every GPU of the node, where the NVIDIA runtime reads it): each node has it as the probe
+// with CUDA's base image environment.
+const CUDAImage = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
 
 // UbuntuImages are the images the examples run, which each node has as the probe.
 var UbuntuImages = []string{"docker.io/library/ubuntu:20.04", "docker.io/library/ubuntu:22.04"}
@@ -100,6 +111,9 @@ func prepare() (func(), error) {
 type Options struct {
 	// Nodes are the GPU nodes' names (labelled gpu=on, so the device plugin runs there).
 	Nodes []string
+	// CDIOffNodes are more GPU nodes, on containerd 1.7 with CDI off (its default there),
+	// tainted CDIOffTaint: only pods that tolerate it run there (the device plugin does).
+	CDIOffNodes []string
 	// SimGPUs are every GPU node's simulated GPUs (--sim-gpus), default A100-40GB:1.
 	SimGPUs string
 }
@@ -164,8 +178,8 @@ func Start(t *testing.T, opts Options) *Cluster {
 	t.Cleanup(stopScheduler)
 
 	c := &Cluster{CP: cp, Client: client, Nodes: map[string]*kubeletnode.Node{}}
-	for i, name := range opts.Nodes {
-		c.startNode(t, ctx, i, name, kubelet, tools, archives)
+	for i, name := range append(opts.Nodes, opts.CDIOffNodes...) {
+		c.startNode(t, ctx, i, name, kubelet, tools, archives, i >= len(opts.Nodes))
 	}
 	values := map[string]any{
 		"global": map[string]any{"imageRegistry": Registry},
@@ -193,16 +207,21 @@ func Start(t *testing.T, opts Options) *Cluster {
 }
 
 // startNode starts a GPU node on containerd with address 10.89.0.<i+1> and pod subnet
-// 10.88.<i+1>.0/24, its images imported, and labels it gpu=on once registered.
-func (c *Cluster) startNode(t *testing.T, ctx context.Context, i int, name, kubelet, tools string, archives []string) {
+// 10.88.<i+1>.0/24, its images imported, and labels it gpu=on once registered; cdiOff puts it
+// on containerd 1.7 with CDI off, tainted CDIOffTaint.
+func (c *Cluster) startNode(t *testing.T, ctx context.Context, i int, name, kubelet, tools string, archives []string, cdiOff bool) {
 	t.Helper()
 	ip := net.IPv4(10, 89, 0, byte(i+1))
 	if err := netns.AddLocalAddress(ip); err != nil {
 		t.Fatal(err)
 	}
-	n := kubeletnode.StartForTest(t, ctx, kubeletnode.Options{Kubelet: kubelet, Kubeconfig: c.CP.Kubeconfig, NodeName: name, NodeIP: ip.String(),
+	opts := kubeletnode.Options{Kubelet: kubelet, Kubeconfig: c.CP.Kubeconfig, NodeName: name, NodeIP: ip.String(),
 		Containerd: &kubeletnode.ContainerdOptions{Tools: tools, Images: archives, SandboxImage: kubeletnode.PauseImage,
-			PodSubnet: fmt.Sprintf("10.88.%d.0/24", i+1)}})
+			PodSubnet: fmt.Sprintf("10.88.%d.0/24", i+1), CDIOff: cdiOff}}
+	if cdiOff {
+		opts.Taints = []v1.Taint{CDIOffTaint}
+	}
+	n := kubeletnode.StartForTest(t, ctx, opts)
 	c.Nodes[name] = n
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		_, err := c.Client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"labels":{"gpu":"on"}}}`), metav1.PatchOptions{})
@@ -420,9 +439,16 @@ func buildImages(dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, ref := range UbuntuImages {
-		file := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(ref)+".tar")
-		if err := images.WriteArchive(file, ref, ubuntu); err != nil {
+	cuda, err := withEnv(ubuntu, "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility")
+	if err != nil {
+		return nil, err
+	}
+	for _, im := range []struct {
+		ref string
+		img containerregistry.Image
+	}{{UbuntuImages[0], ubuntu}, {UbuntuImages[1], ubuntu}, {CUDAImage, cuda}} {
+		file := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(im.ref)+".tar")
+		if err := images.WriteArchive(file, im.ref, im.img); err != nil {
 			return nil, err
 		}
 		archives = append(archives, file)
@@ -452,6 +478,17 @@ func buildImages(dir string) ([]string, error) {
 		archives = append(archives, file)
 	}
 	return archives, nil
+}
+
+// withEnv is img with env added to its configuration's environment.
+func withEnv(img containerregistry.Image, env ...string) (containerregistry.Image, error) {
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	c := cfg.Config.DeepCopy()
+	c.Env = append(c.Env, env...)
+	return mutate.Config(img, *c)
 }
 
 // kubernetesRelease is the release of the k8s.io/kubernetes module the go command's module
@@ -505,15 +542,25 @@ func (c *Cluster) DevicePluginPod(ctx context.Context, node string) (*v1.Pod, er
 	return nil, nil
 }
 
-// Instances reads the MIG instances on node from its device plugin pod's /metrics, at the
-// pod's address, as Prometheus scrapes it (dynamig_mig_instance lists what NVML reports).
-func (c *Cluster) Instances(ctx context.Context, node string) ([]cluster.Instance, error) {
+// DevicePluginMetrics is the /metrics URL of the device plugin pod on node, at the pod's
+// address, as Prometheus scrapes it.
+func (c *Cluster) DevicePluginMetrics(ctx context.Context, node string) (string, error) {
 	p, err := c.DevicePluginPod(ctx, node)
+	if err != nil {
+		return "", err
+	}
+	if p == nil || p.Status.PodIP == "" {
+		return "", fmt.Errorf("no running device plugin pod on node %s", node)
+	}
+	return "http://" + net.JoinHostPort(p.Status.PodIP, "9394") + "/metrics", nil
+}
+
+// Instances reads the MIG instances on node from its device plugin's /metrics
+// (dynamig_mig_instance lists what NVML reports).
+func (c *Cluster) Instances(ctx context.Context, node string) ([]cluster.Instance, error) {
+	url, err := c.DevicePluginMetrics(ctx, node)
 	if err != nil {
 		return nil, err
 	}
-	if p == nil || p.Status.PodIP == "" {
-		return nil, fmt.Errorf("no running device plugin pod on node %s", node)
-	}
-	return cluster.ScrapeInstances(ctx, "http://"+net.JoinHostPort(p.Status.PodIP, "9394")+"/metrics")
+	return cluster.ScrapeInstances(ctx, url)
 }

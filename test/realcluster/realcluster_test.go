@@ -27,10 +27,11 @@ import (
 func TestMain(m *testing.M) { Main(m) }
 
 // TestChart installs the chart with Helm's SDK into a cluster of two GPU nodes on containerd
-// and runc, then checks from inside the containers.
+// 2.x and runc and one on containerd 1.7 with CDI off, then checks from inside the
+// containers.
 func TestChart(t *testing.T) {
 	start := time.Now()
-	c := Start(t, Options{Nodes: []string{"n1", "n2"}})
+	c := Start(t, Options{Nodes: []string{"n1", "n2"}, CDIOffNodes: []string{"cdi-off"}})
 	t.Logf("cluster up, dynamig installed and ready in %s", time.Since(start).Round(100*time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -167,6 +168,91 @@ func TestChart(t *testing.T) {
 			t.Fatalf("the pod was not deleted: %v", err)
 		}
 		c.noInstanceOf(t, ctx, running, recs[0].MigUUID)
+	})
+
+	t.Run("a node whose runtime ignores CDI: no GPU rather than all, and a warning", func(t *testing.T) {
+		// CUDA's image says NVIDIA_VISIBLE_DEVICES=all; where the runtime applies CDI the
+		// spec's value replaces it, where it ignores CDI Allocate's void must.
+		for _, node := range []string{"n1", "cdi-off"} {
+			p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cuda-" + node, Namespace: metav1.NamespaceDefault,
+				Annotations: map[string]string{api.VGPUModeAnnotation: api.ModeMIG}},
+				Spec: v1.PodSpec{NodeSelector: map[string]string{"kubernetes.io/hostname": node},
+					Tolerations: []v1.Toleration{{Key: CDIOffTaint.Key, Operator: v1.TolerationOpExists, Effect: CDIOffTaint.Effect}},
+					Containers: []v1.Container{{Name: "main", Image: CUDAImage, ImagePullPolicy: v1.PullNever,
+						Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
+							"nvidia.com/gpu": resource.MustParse("1"), "nvidia.com/gpumem": resource.MustParse("4000")}}}}}}
+			if _, err := c.Client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.seesOwnDevices(t, ctx, metav1.NamespaceDefault, "cuda-n1")
+
+		var off *v1.Pod
+		err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			p, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, "cuda-cdi-off", metav1.GetOptions{})
+			off = p
+			return err == nil && p.Status.Phase == v1.PodRunning, nil
+		})
+		if err != nil {
+			t.Fatalf("cuda-cdi-off did not run: %v\n%s", err, c.Describe(ctx))
+		}
+		var got report.Report
+		err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			got, err = c.Nodes["cdi-off"].ProbeReport(off, "main")
+			return err == nil, nil
+		})
+		if err != nil {
+			t.Fatalf("cuda-cdi-off: no report: %v", err)
+		}
+		if v := got.Env["NVIDIA_VISIBLE_DEVICES"]; v != "void" || len(got.Devices) != 0 {
+			t.Errorf("on containerd 1.7 with CDI off, cuda-cdi-off sees NVIDIA_VISIBLE_DEVICES=%q and devices %v, want void and none", v, got.Devices)
+		}
+		// The reservation still holds its instance: what the warning tells the user to fix.
+		if recs, err := api.DecodeMigReservations(off.Annotations[api.MigReservationsAnnotation]); err != nil || len(recs) != 1 || !recs[0].Realized() {
+			t.Errorf("cuda-cdi-off's reservation: %v, %v, want one realised", recs, err)
+		}
+
+		var seen []string
+		err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+			evs, err := c.Client.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "reason=CDINotApplied"})
+			if err != nil {
+				return false, nil
+			}
+			seen = nil
+			var pod, node bool
+			for _, e := range evs.Items {
+				o := e.InvolvedObject
+				seen = append(seen, fmt.Sprintf("%s %s/%s: %s", e.Type, o.Kind, o.Name, e.Message))
+				ok := e.Type == v1.EventTypeWarning && strings.Contains(e.Message, "containerd v1.7.35") && strings.Contains(e.Message, "enable_cdi = false")
+				pod = pod || ok && o.Kind == "Pod" && o.Name == "cuda-cdi-off"
+				node = node || ok && o.Kind == "Node" && o.Name == "cdi-off"
+				if o.Name != "cuda-cdi-off" && o.Name != "cdi-off" {
+					return false, fmt.Errorf("a CDINotApplied where the runtime applies CDI: %s", strings.Join(seen, "; "))
+				}
+			}
+			return pod && node, nil
+		})
+		if err != nil {
+			t.Fatalf("Warning CDINotApplied on pod cuda-cdi-off and Node cdi-off: %v; events: %v", err, seen)
+		}
+		for node, want := range map[string]string{"n1": "applies (containerd v2.", "cdi-off": "ignores (containerd v1.7.35)"} {
+			url, err := c.DevicePluginMetrics(ctx, node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			families, err := cluster.Scrape(ctx, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var states []string
+			for _, m := range families["dynamig_device_plugin_runtime_cdi"].GetMetric() {
+				l := cluster.Labels(m)
+				states = append(states, l["state"]+" ("+l["runtime"]+")")
+			}
+			if len(states) != 1 || !strings.HasPrefix(states[0], want) {
+				t.Errorf("%s: dynamig_device_plugin_runtime_cdi says %v, want %s", node, states, want)
+			}
+		}
 	})
 
 	t.Run("a device plugin pod deleted comes back and adopts the running instances", func(t *testing.T) {

@@ -16,6 +16,8 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/clock"
 
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/deviceplugin/cdi"
 	"github.com/dynamig/dynamig/deviceplugin/daemon"
@@ -148,7 +150,9 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 	logger.Info("Device edits", "mode", edits)
 	// The metrics listener stops when Run returns, whether ctx ended or the daemon failed.
 	serveCtx, stopServing := context.WithCancel(ctx)
-	_, served, err := metricsserver.Serve(serveCtx, o.metricsAddress, "--metrics-bind-address", metrics.Registry)
+	readiness := &daemon.Readiness{}
+	_, served, err := metricsserver.Serve(serveCtx, o.metricsAddress, "--metrics-bind-address", metrics.Registry,
+		map[string]healthz.Checker{"kubelet-registration": readiness.Check})
 	if err != nil {
 		stopServing()
 		return err
@@ -158,7 +162,7 @@ func (o *runOptions) run(cmd *cobra.Command) error {
 		logger.Info("Device config warning", "warning", w)
 	}
 	return daemon.Run(ctx, daemon.Options{NodeName: o.nodeName, Client: client, NVML: lib, DeviceConfig: cfg,
-		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, PodResourcesSocket: o.podResources, CDISpecDir: o.cdiSpecDir, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown, HAMiCoreHostDir: o.hamiCoreDir, EnableMIGMode: o.enableMIGMode, DeviceEdits: deviceEdits, Clock: o.clock, IgnoredXIDs: ignored, RuntimeEndpoints: runtimes})
+		SocketDir: o.socketDir, CheckpointPath: o.checkpoint, PodResourcesSocket: o.podResources, CDISpecDir: o.cdiSpecDir, LeaseNamespace: o.leaseNamespace, ReclaimUnknownInstances: o.reclaimUnknown, HAMiCoreHostDir: o.hamiCoreDir, EnableMIGMode: o.enableMIGMode, DeviceEdits: deviceEdits, Clock: o.clock, IgnoredXIDs: ignored, RuntimeEndpoints: runtimes, Readiness: readiness})
 }
 
 // parseXIDs reads --ignored-xids: comma-separated XIDs, "" for none (non-nil, so the daemon

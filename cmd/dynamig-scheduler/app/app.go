@@ -125,7 +125,7 @@ schedulerName: dynamig-scheduler. Every kube-scheduler flag works as upstream.`
 		logger := klog.FromContext(ctx)
 		info := dynamigversion.Get()
 		logger.Info("Starting dynamig-scheduler", "version", info.Version, "commit", info.Commit, "kubernetes", info.Kubernetes)
-		_, stopped, err := metricsserver.Serve(ctx, f.metricsBindAddress, "--dynamig-metrics-bind-address", dynamicmig.Registry)
+		_, stopped, err := metricsserver.Serve(ctx, f.metricsBindAddress, "--dynamig-metrics-bind-address", dynamicmig.Registry, nil)
 		if err != nil {
 			return err
 		}
