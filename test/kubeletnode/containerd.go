@@ -2,6 +2,7 @@ package kubeletnode
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -601,7 +602,7 @@ func (n *Node) LeftOnHost() []string {
 			continue
 		}
 		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if err != nil {
+		if err != nil || !alive(e.Name()) {
 			continue
 		}
 		for _, id := range n.containerIDs {
@@ -612,6 +613,18 @@ func (n *Node) LeftOnHost() []string {
 		}
 	}
 	return out
+}
+
+// alive says whether process pid runs: not a zombie that its new parent (containers'
+// processes are reparented when their shim is killed) has yet to reap.
+func alive(pid string) bool {
+	stat, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state …: comm may hold spaces and parentheses.
+	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	return len(fields) > 0 && fields[0] != "Z" && fields[0] != "X"
 }
 
 // cgroupName is the node's cgroupRoot, without its slash.
