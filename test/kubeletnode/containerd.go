@@ -65,9 +65,10 @@ var runtimeToolNames = []string{"containerd", "containerd-shim-runc-v2", "ctr", 
 var ourTools = []string{"cnistub", "noseccomp"}
 
 // RuntimeTools returns a directory holding containerd, its runc shim, ctr, runc, the CNI
-// loopback, ptp and host-local plugins, cnistub and noseccomp: $DYNAMIG_RUNTIME_TOOLS, or one built once per
-// process into the user's cache directory (<cache>/dynamig/tools-<hash of the versions>),
-// kept and reused. containerd's cold build is about 75 s.
+// loopback, ptp and host-local plugins, cnistub and noseccomp, and containerd 1.7 with its
+// shim in containerd17Dir: $DYNAMIG_RUNTIME_TOOLS, or one built once per process into the
+// user's cache directory (<cache>/dynamig/tools-<hash of the versions and flags>), kept and
+// reused. containerd's cold build is about 75 s, 1.7's about 120 s.
 func RuntimeTools() (string, error) { return toolsBuild.get() }
 
 var toolsBuild = &cachedBuild{env: ToolsEnv, what: "the real runtime",
@@ -456,7 +457,7 @@ func startContainerd(ctx context.Context, h *holder, dir, cdiDir string, opts Co
 		importArgs = append(importArgs, "--local", "--snapshotter", "native")
 	}
 	for _, archive := range opts.Images {
-		cmd := exec.CommandContext(ctx, filepath.Join(opts.Tools, "ctr"), append(importArgs, archive)...)
+		cmd := exec.CommandContext(ctx, c.ctr, append(importArgs, archive)...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			c.stop()
 			return nil, fmt.Errorf("importing %s into containerd: %w: %s", archive, err, out)
