@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -14,14 +15,31 @@ import (
 	"github.com/dynamig/dynamig/plugins/dynamicmig/request"
 )
 
-// SignPod lets pods without GPU requests keep the scheduler's batching; GPU pods are never
-// batched, since each one changes the occupancy the next one sees.
+// gpuRequestSignKey names DynamicMIG's fragment of a pod's batching signature.
+const gpuRequestSignKey = "dynamig.io/v1.Pod.Spec.Containers.Resources.GPURequest()"
+
+// signedRequest is what Filter, Score and Reserve read of a GPU pod: its request as the
+// allocator sees it, and the node policy Score ranks by.
+type signedRequest struct {
+	Request    placement.Request
+	NodePolicy string
+}
+
+// SignPod signs a GPU pod by its request's shape, so that kube-scheduler's opportunistic
+// batching (KEP-5598) may reuse one pod's ranking of the nodes for the next identical pod.
+// That is right for DynamicMIG: Filter and Score of a node read that node's inventory and
+// pods only, and Reserve the fit Filter found on the chosen node (a batched pod skips Score),
+// so a placement on one node changes no other node's feasibility or score. A pod whose
+// request PreFilter refuses is not signed; a pod without one signs nothing of ours.
 func (pl *DynamicMIG) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragment, *fwk.Status) {
 	req, err := request.Parse(pod, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
-	if err != nil || req != nil {
-		return nil, fwk.NewStatus(fwk.Unschedulable, "pods that ask for GPUs are not signable")
+	if err != nil {
+		return nil, fwk.NewStatus(fwk.Unschedulable, "an invalid GPU request is not signable")
 	}
-	return nil, nil
+	if req == nil {
+		return nil, nil
+	}
+	return []fwk.SignFragment{{Key: gpuRequestSignKey, Value: signedRequest{Request: req.Request, NodePolicy: req.NodePolicy}}}, nil
 }
 
 // PreFilter parses the pod's GPU request once; pods without one are skipped.
@@ -45,7 +63,7 @@ func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *
 	// The fits map has room for the nodes kube-scheduler may filter: growing it node by node
 	// costs more (BenchmarkCycle1000Nodes).
 	state.Write(stateKey, &stateData{req: req, key: string(key), now: time.Now(),
-		fits: make(map[string]*nodeFit, min(len(nodes), maxPresizedFits)), attempt: pl.pending.start(pod)})
+		fits: make(map[string]*nodeFit, min(len(nodes), maxPresizedFits)), refused: &sync.Map{}, attempt: pl.pending.start(pod)})
 	return nil, nil
 }
 
@@ -87,7 +105,7 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 		return fwk.AsStatus(err)
 	}
 	node := nodeInfo.Node()
-	if status := pl.checkHeartbeat(pod, node.Name, s.now); status != nil {
+	if status := pl.checkHeartbeat(pod, node.Name, s); status != nil {
 		s.attempt.note(rankHeartbeat)
 		return status
 	}
@@ -109,7 +127,7 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 	}
 	if refusal := cached.refusal; refusal != nil {
 		klog.FromContext(ctx).V(5).Info("Pod does not fit", "pod", klog.KObj(pod), "node", klog.KObj(node), "reason", refusal.Reason, "detail", refusal.Detail)
-		observeRefusal(string(refusal.Reason))
+		s.observeRefusal(node.Name, string(refusal.Reason))
 		s.attempt.note(allocatorRanks[refusal.Reason])
 		code := fwk.Unschedulable
 		switch refusal.Reason {
@@ -188,13 +206,13 @@ func (pl *DynamicMIG) addOccupancy(gpus []placement.GPU, p *v1.Pod) error {
 }
 
 // checkHeartbeat refuses nodes whose device plugin stopped renewing its heartbeat Lease by
-// now, the cycle's start: a heartbeat lasts tens of seconds, a cycle milliseconds.
-func (pl *DynamicMIG) checkHeartbeat(pod *v1.Pod, node string, now time.Time) *fwk.Status {
-	if pl.leaseTimes.heartbeatFresh(node, now) {
+// the cycle's start: a heartbeat lasts tens of seconds, a cycle milliseconds.
+func (pl *DynamicMIG) checkHeartbeat(pod *v1.Pod, node string, s *stateData) *fwk.Status {
+	if pl.leaseTimes.heartbeatFresh(node, s.now) {
 		return nil
 	}
 	pl.heartbeatWaiters.Store(pod.UID, pod)
-	observeRefusal(reasonHeartbeat)
+	s.observeRefusal(node, reasonHeartbeat)
 	return fwk.NewStatus(fwk.Unschedulable, reasonHeartbeat)
 }
 

@@ -18,7 +18,7 @@ var (
 	}, []string{"extension_point"})
 	refusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "dynamig", Subsystem: "scheduler", Name: "unschedulable_reasons_total",
-		Help: "Nodes refused for a GPU pod, by reason.",
+		Help: "Nodes refused for a GPU pod, by reason: once per node per scheduling cycle of the pod.",
 	}, []string{"reason"})
 )
 

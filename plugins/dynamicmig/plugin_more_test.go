@@ -1,6 +1,7 @@
 package dynamicmig
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/dynamig/dynamig/api"
@@ -408,8 +410,8 @@ func TestSignPodAndSkips(t *testing.T) {
 	if _, st := e.pl.SignPod(e.ctx, cpu); !st.IsSuccess() {
 		t.Errorf("CPU pods keep batching: %v", st)
 	}
-	if _, st := e.pl.SignPod(e.ctx, gpuPod("g", api.ModeMIG, [2]int{1, 1})); st.Code() != fwk.Unschedulable {
-		t.Errorf("GPU pods are never batched: %v", st)
+	if frags, st := e.pl.SignPod(e.ctx, cpu); !st.IsSuccess() || frags != nil {
+		t.Errorf("CPU pods sign nothing of DynamicMIG's: %v %v", frags, st)
 	}
 	state := framework.NewCycleState()
 	e.snapshot.set(cache.NewSnapshot(nil, e.nodes))
@@ -433,6 +435,90 @@ func TestSignPodAndSkips(t *testing.T) {
 	}
 	if e.pod("cpu").Spec.NodeName != node || e.pl.reservations.inflightCount() != 0 {
 		t.Errorf("CPU pod not bound by DefaultBinder")
+	}
+}
+
+// TestSignGPUPods: a GPU pod's signature is its request's shape and node policy: pods that
+// differ only in what DynamicMIG does not read (names, UIDs, container names) sign alike, any
+// difference in the request or the policy signs differently, and an invalid request is not
+// signed.
+func TestSignGPUPods(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
+	sign := func(p *v1.Pod) string {
+		t.Helper()
+		frags, st := e.pl.SignPod(e.ctx, p)
+		if !st.IsSuccess() || len(frags) != 1 || frags[0].Key != gpuRequestSignKey {
+			t.Fatalf("pod %s: %v %v", p.Name, frags, st)
+		}
+		raw, err := json.Marshal(frags[0].Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(raw)
+	}
+	base := sign(gpuPod("a", api.ModeMIG, [2]int{1, 8000}))
+	renamed := gpuPod("b", api.ModeMIG, [2]int{1, 8000})
+	renamed.Spec.Containers[0].Name = "other"
+	if got := sign(renamed); got != base {
+		t.Errorf("identical requests sign differently:\n%s\n%s", base, got)
+	}
+	spread := gpuPod("s", api.ModeMIG, [2]int{1, 8000})
+	spread.Annotations[api.NodeSchedulerPolicyAnnotation] = "spread"
+	useA30 := gpuPod("u", api.ModeMIG, [2]int{1, 8000})
+	useA30.Annotations[api.UseGPUTypeAnnotation] = "A30"
+	for name, p := range map[string]*v1.Pod{
+		"more memory":    gpuPod("m", api.ModeMIG, [2]int{1, 9000}),
+		"two devices":    gpuPod("d", api.ModeMIG, [2]int{2, 8000}),
+		"two containers": gpuPod("c", api.ModeMIG, [2]int{1, 8000}, [2]int{1, 8000}),
+		"hami-core":      gpuPod("h", api.ModeHAMiCore, [2]int{1, 8000}),
+		"spread":         spread,
+		"a GPU type":     useA30,
+	} {
+		if got := sign(p); got == base {
+			t.Errorf("%s signs as the base request: %s", name, got)
+		}
+	}
+	bad := gpuPod("bad", api.ModeMIG, [2]int{1, 8000})
+	bad.Annotations[api.NodeSchedulerPolicyAnnotation] = "sideways"
+	if _, st := e.pl.SignPod(e.ctx, bad); st.Code() != fwk.Unschedulable {
+		t.Errorf("an invalid request: %v, want Unschedulable (not signable)", st)
+	}
+}
+
+// TestRefusalCountedOncePerCycle: a node that refuses a pod is counted once in its cycle
+// however often it is filtered (kube-scheduler's batching probes the previous pod's node
+// before the pod's own Filter calls; preemption's dry runs filter clones of the state).
+func TestRefusalCountedOncePerCycle(t *testing.T) {
+	// The pod fits an A100-40GB (PreFilter lets it through), never an A30.
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A30"), gpuNode(t, "a100", api.ModeMIG, "A100-40GB")})
+	e.snapshot.set(cache.NewSnapshot(nil, e.nodes))
+	pod := gpuPod("big", api.ModeMIG, [2]int{1, 30000})
+	counter := refusals.WithLabelValues(string(placement.ReasonNoProfile))
+	before := testutil.ToFloat64(counter)
+	state := framework.NewCycleState()
+	if _, st, _ := e.fw.RunPreFilterPlugins(e.ctx, state, pod); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	ni, err := e.snapshot.NodeInfos().Get("n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []fwk.CycleState{state, state, state.Clone()} {
+		if st := e.fw.RunFilterPlugins(e.ctx, s, pod, ni); st.IsSuccess() {
+			t.Fatal("a 30000 MiB device fits on an A30")
+		}
+	}
+	if got := testutil.ToFloat64(counter) - before; got != 1 {
+		t.Errorf("refusals counted %v times in one cycle, want 1", got)
+	}
+	// The next cycle counts again.
+	next := framework.NewCycleState()
+	if _, st, _ := e.fw.RunPreFilterPlugins(e.ctx, next, pod); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	e.fw.RunFilterPlugins(e.ctx, next, pod, ni)
+	if got := testutil.ToFloat64(counter) - before; got != 2 {
+		t.Errorf("refusals after a second cycle: %v, want 2", got)
 	}
 }
 
@@ -651,8 +737,8 @@ func TestSignPodConcurrently(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 200 {
-				if _, st := e.pl.SignPod(e.ctx, gpu); st.Code() != fwk.Unschedulable {
-					t.Errorf("goroutine %d: GPU pod signed: %v", i, st)
+				if frags, st := e.pl.SignPod(e.ctx, gpu); !st.IsSuccess() || len(frags) != 1 {
+					t.Errorf("goroutine %d: GPU pod: %v %v", i, frags, st)
 					return
 				}
 				if frags, st := e.pl.SignPod(e.ctx, cpu); !st.IsSuccess() || frags != nil {

@@ -23,6 +23,17 @@ type stateData struct {
 
 	mu   sync.Mutex
 	fits map[string]*nodeFit
+	// refused holds the nodes whose refusal of this pod was counted in this cycle, shared
+	// with the cycle's clones: kube-scheduler's batching filters the previous pod's node as a
+	// probe before the pod's own Filter calls, and preemption's dry runs filter again.
+	refused *sync.Map
+}
+
+// observeRefusal counts node's refusal of the pod, once per cycle.
+func (s *stateData) observeRefusal(node, reason string) {
+	if _, seen := s.refused.LoadOrStore(node, struct{}{}); !seen {
+		observeRefusal(reason)
+	}
 }
 
 // maxPresizedFits bounds the room PreFilter makes for a cycle's fits: kube-scheduler filters
@@ -44,7 +55,7 @@ type nodeFit struct {
 func (s *stateData) Clone() fwk.StateData {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := &stateData{req: s.req, key: s.key, attempt: s.attempt, now: s.now, fits: make(map[string]*nodeFit, len(s.fits))}
+	c := &stateData{req: s.req, key: s.key, attempt: s.attempt, now: s.now, fits: make(map[string]*nodeFit, len(s.fits)), refused: s.refused}
 	for k, v := range s.fits {
 		c.fits[k] = v
 	}
