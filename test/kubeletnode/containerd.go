@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -582,7 +583,7 @@ func removeCgroups(name string) error {
 // parent) or a process in one.
 func (n *Node) LeftOnHost() []string {
 	var out []string
-	for _, d := range cgroupDirs(cgroupName(n.opts.NodeName)) {
+	for _, d := range cgroupDirs(n.cgroup) {
 		if _, err := os.Stat(d); err == nil {
 			out = append(out, d)
 		}
@@ -628,5 +629,13 @@ func alive(pid string) bool {
 	return len(fields) > 0 && fields[0] != "Z" && fields[0] != "X"
 }
 
-// cgroupName is the node's cgroupRoot, without its slash.
-func cgroupName(nodeName string) string { return "dynamig-test-" + nodeName }
+// cgroupNames numbers the nodes a process starts (cgroupName).
+var cgroupNames atomic.Int64
+
+// cgroupName is a node's cgroupRoot, without its slash: named after the node, the process and
+// the node's number in it, since test processes run at once (make test's two lanes run
+// test/kubeletnode on two kubelets) start nodes of the same name, and each node's Stop kills
+// every process in its cgroups.
+func cgroupName(nodeName string) string {
+	return fmt.Sprintf("dynamig-test-%s-%d-%d", nodeName, os.Getpid(), cgroupNames.Add(1))
+}

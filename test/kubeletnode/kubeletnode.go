@@ -142,7 +142,7 @@ type Options struct {
 	Taints []v1.Taint
 	// Containerd, when set, runs the node on real containerd and runc instead (Runtime is
 	// then nil): containerd, its shims and the kubelet share one private mount namespace,
-	// the containers' cgroups are under /dynamig-test-<NodeName>, removed by Stop.
+	// the containers' cgroups are under /dynamig-test-<NodeName>-<pid>-<n>, removed by Stop.
 	Containerd *ContainerdOptions
 }
 
@@ -163,6 +163,8 @@ type Node struct {
 	// holder and containerd: a node on containerd (Options.Containerd).
 	holder     *holder
 	containerd *containerd
+	// cgroup is the node's cgroupRoot on containerd, without its slash (cgroupName).
+	cgroup string
 	// containerIDs are the containers containerd held when the node stopped (LeftOnHost).
 	containerIDs []string
 
@@ -208,6 +210,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	}
 	if opts.Containerd != nil {
 		n.RuntimeSocket = filepath.Join(n.path("ctd"), "containerd.sock")
+		n.cgroup = cgroupName(opts.NodeName)
 	}
 	// The configuration first: the node's namespace binds its sysctl files.
 	if err := n.writeConfig(); err != nil {
@@ -235,8 +238,8 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 // startContainerd starts the node's namespace holder (the binds of binds()) and containerd
 // in it.
 func (n *Node) startContainerd(ctx context.Context) error {
-	if err := makeCgroups(cgroupName(n.opts.NodeName)); err != nil {
-		_ = removeCgroups(cgroupName(n.opts.NodeName))
+	if err := makeCgroups(n.cgroup); err != nil {
+		_ = removeCgroups(n.cgroup)
 		return err
 	}
 	h, err := startHolder(n.binds(), n.opts.Log)
@@ -268,7 +271,7 @@ func (n *Node) stopRuntime() {
 	}
 	if n.holder != nil {
 		n.holder.stop()
-		name := cgroupName(n.opts.NodeName)
+		name := n.cgroup
 		killCgroups(name)
 		if err := removeCgroups(name); err != nil {
 			fmt.Fprintf(n.opts.Log, "kubeletnode: %v\n", err)
@@ -327,7 +330,7 @@ registryPullQPS: 0
 		// The pods' cgroups (the kubelet's QoS tree), under one parent of the node's own,
 		// made by startContainerd and removed by Stop: without the QoS tree the kubelet gives
 		// pod sandboxes no cgroup parent, and containerd puts them at /k8s.io/<id>.
-		cfg += "cgroupRoot: /" + cgroupName(n.opts.NodeName) + "\n"
+		cfg += "cgroupRoot: /" + n.cgroup + "\n"
 	}
 	if len(n.opts.Taints) > 0 {
 		taints, err := json.Marshal(n.opts.Taints) // JSON is YAML
