@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -178,7 +179,7 @@ func Start(t *testing.T, opts Options) *Cluster {
 	t.Cleanup(stopScheduler)
 
 	c := &Cluster{CP: cp, Client: client, Nodes: map[string]*kubeletnode.Node{}}
-	for i, name := range append(opts.Nodes, opts.CDIOffNodes...) {
+	for i, name := range slices.Concat(opts.Nodes, opts.CDIOffNodes) {
 		c.startNode(t, ctx, i, name, kubelet, tools, archives, i >= len(opts.Nodes))
 	}
 	values := map[string]any{
@@ -411,7 +412,7 @@ func (c *Cluster) Describe(ctx context.Context) string {
 }
 
 // imageArchives are the OCI archives prepare built: dynamig's three images, the probe's,
-// the pause image and ubuntu's stand-ins.
+// the pause image and ubuntu's and CUDA's stand-ins.
 func imageArchives() ([]string, error) {
 	dir := os.Getenv(imagesEnv)
 	if dir == "" {
@@ -427,7 +428,7 @@ func imageArchives() ([]string, error) {
 // buildImages builds dynamig's three binaries as `make build` does (the scheduler on this
 // test binary's Kubernetes minor) and writes into dir their images as package images makes
 // them, tagged as the chart names them with Registry and imageTag (the scheduler's with the
-// minor's suffix), and the probe's, pause and ubuntu's stand-in images.
+// minor's suffix), and the probe's, pause and ubuntu's and CUDA's stand-in images.
 func buildImages(dir string) ([]string, error) {
 	archives, err := kubeletnode.ProbeArchives(dir)
 	if err != nil {
