@@ -583,6 +583,9 @@ func removeCgroups(name string) error {
 // parent) or a process in one.
 func (n *Node) LeftOnHost() []string {
 	var out []string
+	if n.cgroup == "" {
+		return nil // the fake runtime: no process, no cgroup
+	}
 	for _, d := range cgroupDirs(n.cgroup) {
 		if _, err := os.Stat(d); err == nil {
 			out = append(out, d)

@@ -62,10 +62,14 @@ func TestDaemonOnTheRealKubelet(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
+	readiness := &daemon.Readiness{}
+	if err := readiness.Check(nil); err == nil || !strings.Contains(err.Error(), "starting") {
+		t.Errorf("readiness before Run: %v, want starting", err)
+	}
 	go func() {
 		done <- daemon.Run(ctx, daemon.Options{NodeName: node, Client: client, NVML: s, DeviceConfig: cfg,
 			SocketDir: n.DevicePluginDir, PodResourcesSocket: n.PodResourcesSocket, CDISpecDir: n.CDIDir,
-			InventoryInterval: 200 * time.Millisecond, ReclaimInterval: time.Hour, HealthRecheck: 200 * time.Millisecond})
+			InventoryInterval: 200 * time.Millisecond, ReclaimInterval: time.Hour, HealthRecheck: 200 * time.Millisecond, Readiness: readiness})
 	}()
 	defer func() {
 		cancel()
@@ -79,6 +83,9 @@ func TestDaemonOnTheRealKubelet(t *testing.T) {
 		}
 	}()
 	waitDevices(t, client, node, api.ResourceCount, 7, 7)
+	if err := readiness.Check(nil); err != nil {
+		t.Errorf("readiness while the kubelet lists the plugin's devices: %v", err)
+	}
 	nd, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
