@@ -55,7 +55,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		"bind reset to DefaultBinder and its pluginConfig dropped; CPU pods. (b) DynamicMIG (the shipped configuration), GPU pods. "+
 		"(c) DynamicMIG, CPU pods. (d), a reference when run (not by default; (g) supersedes it): (a) with kube-scheduler's OpportunisticBatching feature off. "+
 		"No pod of (a), (b) or (c) is batched in any of them: PodTopologySpread's system default constraints (defaultingType System, kube-scheduler's default) "+
-		"refuse to sign every pod, which turns batching off for the whole profile; (b)/(d) is therefore the same comparison as (b)/(a). (e), when run: (a)'s plugins plus the same allocator behind a kube-scheduler HTTP extender "+
+		"refuse to sign every pod, so none is batched; (b)/(d) is therefore the same comparison as (b)/(a). (e), when run: (a)'s plugins plus the same allocator behind a kube-scheduler HTTP extender "+
 		"(filter over the candidate node names, bind with the Binding carrying the reservation; the extender's writes are made as the scheduler's user), "+
 		"HAMi's architecture, GPU pods: (b)/(e) is what the in-process design gains over it. The extender keeps the plugin's one write per pod; "+
 		"HAMi v2.10 itself makes more (it patches the pod in filter and locks the node with a Node write). "+
