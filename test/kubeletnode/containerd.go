@@ -294,7 +294,7 @@ state = %[2]q
 [plugins.'io.containerd.server.v1.metrics']
   address = ''
 [plugins.'io.containerd.shim.v1.manager']
-  socket_dir = %[11]q
+  socket_dir = %[10]q
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = 'native'
@@ -307,15 +307,9 @@ state = %[2]q
   restrict_oom_score_adj = true
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = 'runc'
-    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-      runtime_type = 'io.containerd.runc.v2'
-      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-        BinaryName = %[7]q
-        Root = %[8]q
-        SystemdCgroup = false
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = [%[9]q]
-    conf_dir = %[10]q
+%[7]s  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = [%[8]q]
+    conf_dir = %[9]q
 
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = '127.0.0.1'
@@ -324,7 +318,19 @@ state = %[2]q
 [plugins.'io.containerd.nri.v1.nri']
   disable = true
 `, filepath.Join(dir, "root"), filepath.Join(dir, "state"), filepath.Join(dir, "containerd.sock"), filepath.Join(dir, "containerd.ttrpc.sock"),
-		sandboxImage, cdiDir, filepath.Join(tools, "noseccomp"), filepath.Join(dir, "runc"), tools, filepath.Join(dir, "cni"), filepath.Join(dir, "s"))
+		sandboxImage, cdiDir, runcRuntime("plugins.'io.containerd.cri.v1.runtime'.containerd", dir, tools), tools, filepath.Join(dir, "cni"), filepath.Join(dir, "s"))
+}
+
+// runcRuntime is the CRI plugin's runc runtime, under table (its containerd section, whose key
+// differs between 1.x and 2.x): runc through noseccomp, its state under dir, cgroupfs.
+func runcRuntime(table, dir, tools string) string {
+	return fmt.Sprintf(`    [%[1]s.runtimes.runc]
+      runtime_type = 'io.containerd.runc.v2'
+      [%[1]s.runtimes.runc.options]
+        BinaryName = %[2]q
+        Root = %[3]q
+        SystemdCgroup = false
+`, table, filepath.Join(tools, "noseccomp"), filepath.Join(dir, "runc"))
 }
 
 // containerd17Config is containerd 1.7's configuration (version 2) of the same node as
@@ -353,20 +359,14 @@ state = %[2]q
   [plugins.'io.containerd.grpc.v1.cri'.containerd]
     snapshotter = 'native'
     default_runtime_name = 'runc'
-    [plugins.'io.containerd.grpc.v1.cri'.containerd.runtimes.runc]
-      runtime_type = 'io.containerd.runc.v2'
-      [plugins.'io.containerd.grpc.v1.cri'.containerd.runtimes.runc.options]
-        BinaryName = %[6]q
-        Root = %[7]q
-        SystemdCgroup = false
-  [plugins.'io.containerd.grpc.v1.cri'.cni]
-    bin_dir = %[8]q
-    conf_dir = %[9]q
+%[6]s  [plugins.'io.containerd.grpc.v1.cri'.cni]
+    bin_dir = %[7]q
+    conf_dir = %[8]q
 
 [plugins.'io.containerd.nri.v1.nri']
   disable = true
 `, filepath.Join(dir, "root"), filepath.Join(dir, "state"), filepath.Join(dir, "containerd.sock"), filepath.Join(dir, "containerd.ttrpc.sock"),
-		sandboxImage, filepath.Join(tools, "noseccomp"), filepath.Join(dir, "runc"), tools, filepath.Join(dir, "cni"))
+		sandboxImage, runcRuntime("plugins.'io.containerd.grpc.v1.cri'.containerd", dir, tools), tools, filepath.Join(dir, "cni"))
 }
 
 // cniConfig is the node's pod network: the loopback plugin (each pod's lo), then cnistub (an
@@ -582,24 +582,24 @@ func removeCgroups(name string) error {
 // (containerd's default parent, /k8s.io/<id>, where it puts a container the kubelet gave no
 // parent) or a process in one.
 func (n *Node) LeftOnHost() []string {
-	var out []string
 	if n.cgroup == "" {
 		return nil // the fake runtime: no process, no cgroup
 	}
-	for _, d := range cgroupDirs(n.cgroup) {
-		if _, err := os.Stat(d); err == nil {
-			out = append(out, d)
-		}
-	}
-	if len(n.containerIDs) == 0 {
-		return out
-	}
+	// The node's own cgroups, then containerd's default place for each container.
+	names := []string{n.cgroup}
 	for _, id := range n.containerIDs {
-		for _, d := range cgroupDirs(path.Join("k8s.io", id)) {
+		names = append(names, path.Join("k8s.io", id))
+	}
+	var out []string
+	for _, name := range names {
+		for _, d := range cgroupDirs(name) {
 			if _, err := os.Stat(d); err == nil {
 				out = append(out, d)
 			}
 		}
+	}
+	if len(n.containerIDs) == 0 {
+		return out
 	}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {

@@ -271,9 +271,8 @@ func (n *Node) stopRuntime() {
 	}
 	if n.holder != nil {
 		n.holder.stop()
-		name := n.cgroup
-		killCgroups(name)
-		if err := removeCgroups(name); err != nil {
+		killCgroups(n.cgroup)
+		if err := removeCgroups(n.cgroup); err != nil {
 			fmt.Fprintf(n.opts.Log, "kubeletnode: %v\n", err)
 		}
 	}

@@ -187,33 +187,18 @@ func TestChart(t *testing.T) {
 		}
 		c.seesOwnDevices(t, ctx, metav1.NamespaceDefault, "cuda-n1")
 
-		var off *v1.Pod
-		err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-			p, err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, "cuda-cdi-off", metav1.GetOptions{})
-			off = p
-			return err == nil && p.Status.Phase == v1.PodRunning, nil
-		})
-		if err != nil {
-			t.Fatalf("cuda-cdi-off did not run: %v\n%s", err, c.Describe(ctx))
+		// The reservation still holds its instance: what the warning tells the user to fix.
+		off, recs := c.runningRealised(t, ctx, metav1.NamespaceDefault, "cuda-cdi-off")
+		if len(recs) != 1 {
+			t.Errorf("cuda-cdi-off's reservations: %v, want one", recs)
 		}
-		var got report.Report
-		err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-			got, err = c.Nodes["cdi-off"].ProbeReport(off, "main")
-			return err == nil, nil
-		})
-		if err != nil {
-			t.Fatalf("cuda-cdi-off: no report: %v", err)
-		}
+		got := c.probeReport(t, ctx, off, "main")
 		if v := got.Env["NVIDIA_VISIBLE_DEVICES"]; v != "void" || len(got.Devices) != 0 {
 			t.Errorf("on containerd 1.7 with CDI off, cuda-cdi-off sees NVIDIA_VISIBLE_DEVICES=%q and devices %v, want void and none", v, got.Devices)
 		}
-		// The reservation still holds its instance: what the warning tells the user to fix.
-		if recs, err := api.DecodeMigReservations(off.Annotations[api.MigReservationsAnnotation]); err != nil || len(recs) != 1 || !recs[0].Realized() {
-			t.Errorf("cuda-cdi-off's reservation: %v, %v, want one realised", recs, err)
-		}
 
 		var seen []string
-		err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
 			evs, err := c.Client.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "reason=CDINotApplied"})
 			if err != nil {
 				return false, nil
@@ -287,12 +272,8 @@ func TestChart(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the DaemonSet made no Ready device plugin pod on %s again: %v\n%s", node, err, c.Describe(ctx))
 		}
-		// Ready (its probe) may come before its metrics listener opens.
-		var after []cluster.Instance
-		err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			after, err = c.Instances(ctx, node)
-			return err == nil, nil
-		})
+		// Ready is the plugin's /readyz, on its metrics listener: the metrics are served.
+		after, err := c.Instances(ctx, node)
 		if err != nil {
 			t.Fatalf("the new device plugin pod %s serves no metrics: %v\n%s", fresh.Name, err, c.Describe(ctx))
 		}
@@ -372,6 +353,32 @@ func ready(p *v1.Pod) bool {
 // NVIDIA_VISIBLE_DEVICES, and nothing else of a GPU.
 func (c *Cluster) seesOwnDevices(t *testing.T, ctx context.Context, namespace, name string) {
 	t.Helper()
+	pod, recs := c.runningRealised(t, ctx, namespace, name)
+	for i, ctr := range pod.Spec.Containers {
+		var want []string
+		for _, r := range recs {
+			if r.ContainerIndex == len(pod.Spec.InitContainers)+i {
+				want = append(want, r.MigUUID)
+			}
+		}
+		got := c.probeReport(t, ctx, pod, ctr.Name)
+		seen := strings.Split(got.Env["NVIDIA_VISIBLE_DEVICES"], ",")
+		slices.Sort(seen)
+		slices.Sort(want)
+		if !slices.Equal(seen, want) {
+			t.Errorf("pod %s container %s sees NVIDIA_VISIBLE_DEVICES=%q, want its reservations' %v", name, ctr.Name, got.Env["NVIDIA_VISIBLE_DEVICES"], want)
+		}
+		if len(got.Devices) != 0 {
+			t.Errorf("pod %s container %s sees device nodes %v (deviceEdits env gives none)", name, ctr.Name, got.Devices)
+		}
+		t.Logf("pod %s container %s sees %s", name, ctr.Name, fmt.Sprint(got.Env))
+	}
+}
+
+// runningRealised waits until the pod runs with its MIG reservations realised, and returns it
+// and them.
+func (c *Cluster) runningRealised(t *testing.T, ctx context.Context, namespace, name string) (*v1.Pod, []api.MigReservation) {
+	t.Helper()
 	var pod *v1.Pod
 	var recs []api.MigReservation
 	err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -397,31 +404,20 @@ func (c *Cluster) seesOwnDevices(t *testing.T, ctx context.Context, namespace, n
 	if err != nil {
 		t.Fatalf("pod %s/%s did not run with realised reservations: %v\n%s", namespace, name, err, c.Describe(ctx))
 	}
-	node := c.Nodes[pod.Spec.NodeName]
-	for i, ctr := range pod.Spec.Containers {
-		var want []string
-		for _, r := range recs {
-			if r.ContainerIndex == len(pod.Spec.InitContainers)+i {
-				want = append(want, r.MigUUID)
-			}
-		}
-		var got report.Report
-		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-			got, err = node.ProbeReport(pod, ctr.Name)
-			return err == nil, nil
-		})
-		if err != nil {
-			t.Fatalf("pod %s container %s: no report: %v", name, ctr.Name, err)
-		}
-		seen := strings.Split(got.Env["NVIDIA_VISIBLE_DEVICES"], ",")
-		slices.Sort(seen)
-		slices.Sort(want)
-		if !slices.Equal(seen, want) {
-			t.Errorf("pod %s container %s sees NVIDIA_VISIBLE_DEVICES=%q, want its reservations' %v", name, ctr.Name, got.Env["NVIDIA_VISIBLE_DEVICES"], want)
-		}
-		if len(got.Devices) != 0 {
-			t.Errorf("pod %s container %s sees device nodes %v (deviceEdits env gives none)", name, ctr.Name, got.Devices)
-		}
-		t.Logf("pod %s container %s sees %s", name, ctr.Name, fmt.Sprint(got.Env))
+	return pod, recs
+}
+
+// probeReport waits for the report the probe prints in container of pod.
+func (c *Cluster) probeReport(t *testing.T, ctx context.Context, pod *v1.Pod, container string) report.Report {
+	t.Helper()
+	var got report.Report
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		var err error
+		got, err = c.Nodes[pod.Spec.NodeName].ProbeReport(pod, container)
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s container %s: no report: %v", pod.Name, container, err)
 	}
+	return got
 }
