@@ -339,3 +339,52 @@ func TestRuntimeSockets(t *testing.T) {
 		t.Fatalf("want an error naming devicePlugin.runtimeSockets and /opt/containerd.sock, got %v", err)
 	}
 }
+
+// TestBatchingProfile: the dynamig-scheduler profile sets PodTopologySpread's defaultingType
+// and InterPodAffinity's ignorePreferredTermsOfExistingPods from the values (List and true
+// by default, so GPU pods can be batched), and a defaultingType other than List or System
+// fails the render naming the value.
+func TestBatchingProfile(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		values     map[string]any
+		defaulting string
+		ignore     bool
+	}{
+		{name: "default", defaulting: "List", ignore: true},
+		{name: "system defaults back", values: map[string]any{"scheduler": map[string]any{"podTopologySpreadDefaulting": "System", "ignorePreferredTermsOfExistingPods": false}},
+			defaulting: "System", ignore: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw, err := ConfigMapData(render(t, tc.values), "dynamig-scheduler-config", "config.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var doc struct {
+				Profiles []struct {
+					PluginConfig []struct {
+						Name string         `json:"name"`
+						Args map[string]any `json:"args"`
+					} `json:"pluginConfig"`
+				} `json:"profiles"`
+			}
+			if err := yaml.Unmarshal([]byte(raw), &doc); err != nil {
+				t.Fatalf("config.yaml: %v\n%s", err, raw)
+			}
+			args := map[string]map[string]any{}
+			for _, pc := range doc.Profiles[0].PluginConfig {
+				args[pc.Name] = pc.Args
+			}
+			if got := args["PodTopologySpread"]["defaultingType"]; got != tc.defaulting {
+				t.Errorf("PodTopologySpread defaultingType = %v, want %s", got, tc.defaulting)
+			}
+			if got := args["InterPodAffinity"]["ignorePreferredTermsOfExistingPods"]; got != tc.ignore {
+				t.Errorf("InterPodAffinity ignorePreferredTermsOfExistingPods = %v, want %v", got, tc.ignore)
+			}
+		})
+	}
+	_, err := Render("dynamig-system", map[string]any{"scheduler": map[string]any{"podTopologySpreadDefaulting": "Spread"}})
+	if err == nil || !strings.Contains(err.Error(), `scheduler.podTopologySpreadDefaulting: "Spread"`) {
+		t.Errorf("defaultingType Spread: %v, want an error naming the value", err)
+	}
+}

@@ -4,9 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,151 +12,19 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/dynamig/dynamig/test/kubeletnode/runtimetools"
 	"github.com/dynamig/dynamig/test/netns"
 )
 
-// ToolsEnv names a directory holding the real runtime's binaries (RuntimeTools), built
-// already: test/realcluster's TestMain sets it for the suite it runs in its own network
-// namespace, where the go command cannot download modules.
-const ToolsEnv = "DYNAMIG_RUNTIME_TOOLS"
-
-// The real runtime, each from its own module (go install pkg@version builds it in its own
-// module graph, not this repository's).
-var runtimeTools = []string{
-	"github.com/containerd/containerd/v2/cmd/containerd@v2.4.2",
-	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@v2.4.2",
-	"github.com/containerd/containerd/v2/cmd/ctr@v2.4.2",
-	"github.com/opencontainers/runc@v1.5.3",
-	"github.com/containernetworking/plugins/plugins/main/loopback@v1.9.1",
-	"github.com/containernetworking/plugins/plugins/main/ptp@v1.9.1",
-	"github.com/containernetworking/plugins/plugins/ipam/host-local@v1.9.1",
-}
-
-// containerd17 is containerd 1.7, the last whose CRI plugin can turn CDI off (enable_cdi;
-// 2.x always applies CDI): the runtime of a node with ContainerdOptions.CDIOff. Its module
-// has exclude directives, which `go install pkg@version` refuses, so it is built as the main
-// module in its directory of the module cache (its own go.sum, nothing written there), without
-// cgo.
-const containerd17 = "github.com/containerd/containerd@v1.7.35"
-
-// containerd17Flags build containerd17 as its release is built (its version stamped: the CRI
-// reports it, and the device plugin reads it), without the snapshotters and tracing nothing
-// here uses.
-var containerd17Flags = []string{"-mod=readonly", "-trimpath", "-tags=no_aufs,no_btrfs,no_devmapper,no_zfs,no_tracing",
-	"-ldflags=-s -w -X github.com/containerd/containerd/version.Version=" + strings.Split(containerd17, "@")[1]}
-
-// containerd17Dir is the directory in RuntimeTools' holding containerd17's containerd and
-// its runc shim (2.x's shim refuses 1.7's start-up protocol), first on its PATH.
-const containerd17Dir = "containerd-1.7"
-
-// runtimeToolNames are the binaries RuntimeTools' directory holds.
-var runtimeToolNames = []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "loopback", "ptp", "host-local", "cnistub", "noseccomp", containerd17Dir + "/containerd", containerd17Dir + "/containerd-shim-runc-v2"}
-
-// ourTools are the programs of this module among them.
-var ourTools = []string{"cnistub", "noseccomp"}
-
-// RuntimeTools returns a directory holding containerd, its runc shim, ctr, runc, the CNI
-// loopback, ptp and host-local plugins, cnistub and noseccomp, and containerd 1.7 with its
-// shim in containerd17Dir: $DYNAMIG_RUNTIME_TOOLS, or one built once per process into the
-// user's cache directory (<cache>/dynamig/tools-<hash of the versions and flags>), kept and
-// reused. containerd's cold build is about 75 s, 1.7's about 120 s.
-func RuntimeTools() (string, error) { return toolsBuild.get() }
-
-var toolsBuild = &cachedBuild{env: ToolsEnv, what: "the real runtime",
-	name: func() (string, error) {
-		var spec []string
-		for _, pkg := range runtimeTools {
-			spec = append(spec, pkg+" "+installLDFlags(pkg))
-		}
-		sum := sha256.Sum256([]byte(strings.Join(slices.Concat(spec, []string{containerd17}, containerd17Flags), "\n")))
-		return "tools-" + hex.EncodeToString(sum[:6]), nil
-	},
-	check: checkTools, build: BuildRuntimeTools}
-
-// BuildRuntimeTools builds what RuntimeTools returns into dir: the others' binaries only
-// where dir lacks them, cnistub and noseccomp every time (from the build cache) from this
-// module (the go command's module file and flags); the others
-// with `go install pkg@version`, without GOFLAGS (a -modfile of ours would not apply).
-func BuildRuntimeTools(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	env := append(os.Environ(), "GOBIN="+dir, "GOFLAGS=", "CGO_ENABLED=1")
-	for _, pkg := range runtimeTools {
-		if _, err := os.Stat(filepath.Join(dir, path.Base(strings.Split(pkg, "@")[0]))); err == nil {
-			continue
-		}
-		cmd := exec.Command("go", "install", "-ldflags="+installLDFlags(pkg), pkg)
-		cmd.Env = env
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go install %s: %w\n%s", pkg, err, out)
-		}
-	}
-	if err := buildContainerd17(dir, env); err != nil {
-		return err
-	}
-	for _, name := range ourTools {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "github.com/dynamig/dynamig/test/kubeletnode/"+name)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("building %s: %w\n%s", name, err, out)
-		}
-	}
-	return checkTools(dir)
-}
-
-// buildContainerd17 builds containerd17's containerd and shim into dir/containerd17Dir,
-// unless there already.
-func buildContainerd17(dir string, env []string) error {
-	out := filepath.Join(dir, containerd17Dir)
-	if _, err := os.Stat(filepath.Join(out, "containerd-shim-runc-v2")); err == nil {
-		return nil
-	}
-	download := exec.Command("go", "mod", "download", "-json", containerd17)
-	download.Env = env
-	raw, err := download.Output()
-	var mod struct{ Dir, Error string }
-	if jerr := json.Unmarshal(raw, &mod); err != nil || jerr != nil || mod.Dir == "" {
-		return fmt.Errorf("go mod download %s: %v %v %s", containerd17, err, jerr, mod.Error)
-	}
-	build := exec.Command("go", append(append([]string{"build"}, containerd17Flags...), "-o", out+"/", "./cmd/containerd", "./cmd/containerd-shim-runc-v2")...)
-	build.Dir = mod.Dir
-	build.Env = append(env, "CGO_ENABLED=0", "GOWORK=off")
-	if b, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("building %s: %w\n%s", containerd17, err, b)
-	}
-	return nil
-}
-
-// installLDFlags are the linker flags of a runtime tool: containerd's with its version
-// stamped as its releases have it (the CRI reports it, and the device plugin reads it).
-func installLDFlags(pkg string) string {
-	const ctd = "github.com/containerd/containerd/v2/"
-	if !strings.HasPrefix(pkg, ctd) {
-		return "-s -w"
-	}
-	return "-s -w -X " + ctd + "version.Version=" + strings.Split(pkg, "@")[1]
-}
-
-func checkTools(dir string) error {
-	for _, name := range runtimeToolNames {
-		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
-			return fmt.Errorf("the real runtime's %s: %w", name, err)
-		}
-	}
-	return nil
-}
-
 // ContainerdOptions make a node run on real containerd and runc instead of the fake runtime.
 type ContainerdOptions struct {
-	// Tools is RuntimeTools' directory.
+	// Tools is runtimetools.Dir's directory.
 	Tools string
 	// Images are OCI image archives (package images' WriteArchive) imported before the
 	// kubelet starts: nothing can be pulled.
@@ -263,7 +128,7 @@ func killNamespace(ns string, except int) int {
 type containerd struct {
 	cmd    *exec.Cmd
 	socket string
-	ctr    string // RuntimeTools' ctr
+	ctr    string // runtimetools.Dir's ctr
 	done   chan struct{}
 }
 
@@ -415,7 +280,7 @@ func startContainerd(ctx context.Context, h *holder, dir, cdiDir string, opts Co
 	}
 	cfg, bin := containerdConfig(dir, opts.Tools, cdiDir, opts.SandboxImage), opts.Tools
 	if opts.CDIOff {
-		cfg, bin = containerd17Config(dir, opts.Tools, opts.SandboxImage), filepath.Join(opts.Tools, containerd17Dir)
+		cfg, bin = containerd17Config(dir, opts.Tools, opts.SandboxImage), filepath.Join(opts.Tools, runtimetools.Containerd17Dir)
 	}
 	cfgFile := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {

@@ -29,6 +29,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/dynamig/dynamig/test/freeport"
+	"github.com/dynamig/dynamig/test/usercache"
 	"github.com/dynamig/dynamig/version"
 )
 
@@ -44,15 +45,15 @@ var Version = version.Get().Kubernetes
 // k8s.io/kubernetes/cmd/kubelet tool into the user's cache directory
 // (<cache>/dynamig/kubelet-<Version>), once per process: about a minute with a warm build
 // cache, a relink when nothing changed.
-func Binary() (string, error) { return kubeletBuild.get() }
+func Binary() (string, error) { return kubeletBuild.Get() }
 
-var kubeletBuild = &cachedBuild{env: KubeletEnv, what: "the kubelet",
-	name: func() (string, error) {
+var kubeletBuild = &usercache.Build{Env: KubeletEnv, What: "the kubelet",
+	Name: func() (string, error) {
 		v, err := release()
 		return "kubelet-" + v, err
 	},
-	check: func(p string) error { _, err := os.Stat(p); return err },
-	build: func(p string) error {
+	Check: func(p string) error { _, err := os.Stat(p); return err },
+	Make: func(p string) error {
 		// Built beside, then renamed: a test process running the kubelet keeps its binary.
 		tmp, err := os.CreateTemp(filepath.Dir(p), "kubelet-build-")
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dynamig/dynamig/images"
 	"github.com/dynamig/dynamig/test/cluster"
+	"github.com/dynamig/dynamig/test/kubeletnode/runtimetools"
 	"github.com/dynamig/dynamig/test/probe/report"
 )
 
@@ -94,7 +95,7 @@ const (
 	PauseImage = "dynamig.test/pause:1"
 )
 
-// StartContainerdTestNode is StartTestNode on real containerd and runc (RuntimeTools), with
+// StartContainerdTestNode is StartTestNode on real containerd and runc (runtimetools.Dir), with
 // the probe's images imported, its other options those of opts; it skips the test where this
 // machine cannot run such a node (CheckContainerd).
 func StartContainerdTestNode(t *testing.T, name string, opts ContainerdOptions) (*Node, kubernetes.Interface) {
@@ -102,7 +103,7 @@ func StartContainerdTestNode(t *testing.T, name string, opts ContainerdOptions) 
 	if err := CheckContainerd(); err != nil {
 		t.Skip(err)
 	}
-	tools, err := RuntimeTools()
+	tools, err := runtimetools.Dir()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,6 +43,7 @@ import (
 	"github.com/dynamig/dynamig/test/cluster"
 	"github.com/dynamig/dynamig/test/cluster/controllermanager"
 	"github.com/dynamig/dynamig/test/kubeletnode"
+	"github.com/dynamig/dynamig/test/kubeletnode/runtimetools"
 	"github.com/dynamig/dynamig/test/netns"
 )
 
@@ -86,7 +87,7 @@ func prepare() (func(), error) {
 	if err := kubeletnode.CheckContainerd(); err != nil {
 		return func() {}, nil // the tests skip, saying why
 	}
-	tools, err := kubeletnode.RuntimeTools()
+	tools, err := runtimetools.Dir()
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +103,7 @@ func prepare() (func(), error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	for k, v := range map[string]string{kubeletnode.ToolsEnv: tools, kubeletnode.KubeletEnv: kubelet, imagesEnv: dir} {
+	for k, v := range map[string]string{runtimetools.Env: tools, kubeletnode.KubeletEnv: kubelet, imagesEnv: dir} {
 		os.Setenv(k, v)
 	}
 	return func() { os.RemoveAll(dir) }, nil
@@ -143,7 +144,7 @@ func Start(t *testing.T, opts Options) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tools, err := kubeletnode.RuntimeTools()
+	tools, err := runtimetools.Dir()
 	if err != nil {
 		t.Fatal(err)
 	}

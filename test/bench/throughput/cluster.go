@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -165,7 +166,9 @@ type Profile int
 
 const (
 	// DefaultPlugins is the shipped configuration with DynamicMIG removed from multiPoint,
-	// bind reset to DefaultBinder and DynamicMIG's pluginConfig dropped.
+	// bind reset to DefaultBinder and the pluginConfig of DynamicMIG and of the plugins the
+	// profile configures for batching dropped (defaultOnlyDropped): kube-scheduler's default
+	// profile, as CPU pods get it on a cluster, but for NodeResourcesFit's ignoredResources.
 	DefaultPlugins Profile = iota
 	// WithDynamicMIG is the shipped configuration.
 	WithDynamicMIG
@@ -173,6 +176,11 @@ const (
 	// (HAMi's architecture; see extender).
 	Extender
 )
+
+// defaultOnlyDropped are the pluginConfig entries DefaultPlugins drops: DynamicMIG's, and
+// PodTopologySpread's and InterPodAffinity's, which the shipped profile sets so that pods can
+// be batched (kube-scheduler's defaults: system default spreading, which signs no pod).
+var defaultOnlyDropped = []any{"DynamicMIG", "PodTopologySpread", "InterPodAffinity"}
 
 // configEdit edits the shipped KubeSchedulerConfiguration for profile, with
 // clientConnection qps and burst set and, when nodesToScore > 0, percentageOfNodesToScore
@@ -234,7 +242,7 @@ func editConfig(doc map[string]any, profile Profile, qps float64, burst int, nod
 			if pcs, ok := prof["pluginConfig"].([]any); ok {
 				var keep []any
 				for _, pc := range pcs {
-					if m, ok := pc.(map[string]any); ok && m["name"] == "DynamicMIG" {
+					if m, ok := pc.(map[string]any); ok && slices.Contains(defaultOnlyDropped, m["name"]) {
 						continue
 					}
 					keep = append(keep, pc)

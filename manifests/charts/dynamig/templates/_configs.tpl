@@ -108,6 +108,20 @@ profiles:
       - {{ .Values.resourceMem }}
       - {{ .Values.resourceMemPercentage }}
       - {{ .Values.resourceCores }}
+  # Batching: kube-scheduler reuses one pod's filtering and scoring for the next identical
+  # pod only if every plugin signs the pod. PodTopologySpread refuses any pod while it has
+  # default constraints (defaultingType System), InterPodAffinity signs pod labels unless
+  # existing pods' preferred terms are ignored (docs/configuration.md, batching).
+  {{- $defaulting := .Values.scheduler.podTopologySpreadDefaulting }}
+  {{- if not (has $defaulting (list "List" "System")) }}
+  {{- fail (printf "scheduler.podTopologySpreadDefaulting: %q: must be List or System (kube-scheduler's PodTopologySpread defaultingType)" (toString $defaulting)) }}
+  {{- end }}
+  - name: PodTopologySpread
+    args:
+      defaultingType: {{ $defaulting }}
+  - name: InterPodAffinity
+    args:
+      ignorePreferredTermsOfExistingPods: {{ .Values.scheduler.ignorePreferredTermsOfExistingPods }}
   - name: DynamicMIG
     args:
       # The dynamig-device-config ConfigMap, mounted; "" = HAMi v2.10's defaults.
