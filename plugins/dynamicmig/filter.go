@@ -42,7 +42,8 @@ func (pl *DynamicMIG) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragmen
 	return []fwk.SignFragment{{Key: gpuRequestSignKey, Value: signedRequest{Request: req.Request, NodePolicy: req.NodePolicy}}}, nil
 }
 
-// PreFilter parses the pod's GPU request once; pods without one are skipped.
+// PreFilter parses the pod's GPU request once, and limits the nodes it is filtered on to
+// those with a GPU of a mode it accepts (gpuNodes); pods without one are skipped.
 func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	req, err := request.Parse(pod, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
 	if err != nil {
@@ -60,11 +61,24 @@ func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *
 	if err != nil {
 		return nil, fwk.AsStatus(fmt.Errorf("keying the GPU request: %w", err))
 	}
+	gpuNodes := pl.gpuNodes.names(pl.inventory, nodes, req.Mode)
+	if gpuNodes.Len() == 0 {
+		pl.pending.start(pod).note(rankNoInventory)
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, noGPUNodeMessage(req.Mode))
+	}
 	// The fits map has room for the nodes kube-scheduler may filter: growing it node by node
 	// costs more (BenchmarkCycle1000Nodes).
 	state.Write(stateKey, &stateData{req: req, key: string(key), now: time.Now(),
-		fits: make(map[string]*nodeFit, min(len(nodes), maxPresizedFits)), refused: &sync.Map{}, attempt: pl.pending.start(pod)})
-	return nil, nil
+		fits: make(map[string]*nodeFit, min(gpuNodes.Len(), maxPresizedFits)), refused: &sync.Map{}, attempt: pl.pending.start(pod)})
+	return &fwk.PreFilterResult{NodeNames: gpuNodes}, nil
+}
+
+// noGPUNodeMessage is PreFilter's refusal when no node publishes a GPU of the mode.
+func noGPUNodeMessage(mode string) string {
+	if mode == "" {
+		return "no node publishes a GPU inventory (no dynamig-device-plugin runs)"
+	}
+	return fmt.Sprintf("no node publishes a GPU inventory with a %s GPU (no dynamig-device-plugin runs, or none in that mode)", mode)
 }
 
 // refuseRequest counts a GPU request that PreFilter refuses.

@@ -1,10 +1,15 @@
 package dynamicmig
 
 import (
+	"slices"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
 	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
 	"github.com/dynamig/dynamig/api"
@@ -49,5 +54,38 @@ func TestFitCacheFollowsNodeInfoGeneration(t *testing.T) {
 	}
 	if other := filter(gpuPod("big", api.ModeMIG, [2]int{1, 9000}), ni); other == next || other.result.Assignments[0].Profile != "2g.10gb" {
 		t.Errorf("another request got the cached fit %+v", other.result.Assignments)
+	}
+}
+
+// TestPreFilterLimitsToGPUNodes: PreFilter's result is the nodes with a GPU of a mode the pod
+// accepts, and those whose inventory does not decode (Filter says why they are refused); a
+// node's update is seen in the next cycle; with no such node PreFilter refuses the pod,
+// naming the mode.
+func TestPreFilterLimitsToGPUNodes(t *testing.T) {
+	broken := gpuNode(t, "broken", api.ModeMIG, "A100-40GB")
+	broken.Annotations[api.NodeInventoryAnnotation] = "not an inventory"
+	nodes := []*v1.Node{gpuNode(t, "mig", api.ModeMIG, "A100-40GB"), gpuNode(t, "hc", api.ModeHAMiCore, "A100-40GB"),
+		{ObjectMeta: metav1.ObjectMeta{Name: "cpu"}}, broken}
+	e := newEnv(t, nil, nodes)
+	preFilter := func(pod *v1.Pod, nodes []*v1.Node) (*fwk.PreFilterResult, *fwk.Status) {
+		infos, _ := cache.NewSnapshot(nil, nodes).NodeInfos().List()
+		return e.pl.PreFilter(e.ctx, framework.NewCycleState(), pod, infos)
+	}
+	for mode, want := range map[string][]string{api.ModeMIG: {"broken", "mig"}, api.ModeHAMiCore: {"broken", "hc"}, "": {"broken", "hc", "mig"}} {
+		res, st := preFilter(gpuPod("p", mode, [2]int{1, 4000}), nodes)
+		if !st.IsSuccess() || res.AllNodes() || !slices.Equal(sets.List(res.NodeNames), want) {
+			t.Errorf("mode %q: %v %v, want nodes %v", mode, res, st, want)
+		}
+	}
+	// The MIG node stops publishing: the next cycle's Node object is another one.
+	updated := nodes[0].DeepCopy()
+	delete(updated.Annotations, api.NodeInventoryAnnotation)
+	nodes[0] = updated
+	if res, st := preFilter(gpuPod("p", api.ModeMIG, [2]int{1, 4000}), nodes); !st.IsSuccess() || !slices.Equal(sets.List(res.NodeNames), []string{"broken"}) {
+		t.Errorf("after the MIG node's update: %v %v, want only broken", res, st)
+	}
+	res, st := preFilter(gpuPod("p", api.ModeMIG, [2]int{1, 4000}), nodes[:3])
+	if st.Code() != fwk.UnschedulableAndUnresolvable || !strings.Contains(st.Message(), "no node publishes a GPU inventory with a mig GPU") {
+		t.Errorf("without a MIG node: %v %v, want the pod refused, naming the mode", res, st)
 	}
 }

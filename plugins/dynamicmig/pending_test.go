@@ -73,7 +73,7 @@ func TestPendingPodsByReason(t *testing.T) {
 		t.Fatal("p must not fit")
 	}
 	full := statuses["full"].Reasons()[0]
-	if statuses["stale"].Reasons()[0] != reasonHeartbeat || statuses["cpu"].Reasons()[0] != reasonNoInventory {
+	if statuses["stale"].Reasons()[0] != reasonHeartbeat || statuses["cpu"].Reasons()[0] != notPreFiltered {
 		t.Fatalf("unexpected refusals: %s", reasons(statuses))
 	}
 	waitForPending(t, map[string]float64{full: 1})

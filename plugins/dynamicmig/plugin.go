@@ -66,6 +66,8 @@ type DynamicMIG struct {
 	// the Leases arrive; tests wait for it).
 	leasesRead func() bool
 	inventory  *inventoryCache
+	// gpuNodes are the nodes with a GPU of each mode: PreFilter's result.
+	gpuNodes gpuNodes
 	// fits remembers each node's last fit (same request, same NodeInfo generation).
 	fits *fitCache
 	// reservations holds what Reserve chose for pods not yet bound with it.

@@ -188,13 +188,19 @@ func (e *env) cycle(pod *v1.Pod, assumed ...*v1.Pod) (fwk.CycleState, string, ma
 	}
 	e.snapshot.set(cache.NewSnapshot(bound, e.nodes))
 	state := framework.NewCycleState()
-	if _, st, _ := e.fw.RunPreFilterPlugins(e.ctx, state, pod); !st.IsSuccess() {
+	res, st, _ := e.fw.RunPreFilterPlugins(e.ctx, state, pod)
+	if !st.IsSuccess() {
 		return state, "", map[string]*fwk.Status{"": st}
 	}
 	infos, _ := e.snapshot.NodeInfos().List()
 	var feasible []fwk.NodeInfo
 	statuses := map[string]*fwk.Status{}
 	for _, ni := range infos {
+		// As kube-scheduler: a node outside the PreFilterResult is not filtered.
+		if !res.AllNodes() && !res.NodeNames.Has(ni.Node().Name) {
+			statuses[ni.Node().Name] = fwk.NewStatus(fwk.UnschedulableAndUnresolvable, notPreFiltered)
+			continue
+		}
 		if st := e.fw.RunFilterPlugins(e.ctx, state, pod, ni); st.IsSuccess() {
 			feasible = append(feasible, ni)
 		} else {
@@ -217,6 +223,9 @@ func (e *env) cycle(pod *v1.Pod, assumed ...*v1.Pod) (fwk.CycleState, string, ma
 	}
 	return state, best.Name, statuses
 }
+
+// notPreFiltered is the status cycle gives the nodes outside the PreFilterResult.
+const notPreFiltered = "not in the PreFilterResult"
 
 // schedule creates the pod and runs a cycle and the binding; it returns the bound pod, or
 // nil and the node statuses.
