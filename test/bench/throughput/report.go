@@ -52,10 +52,14 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		"All name `schedulerName: %s`. Pods are deleted between scenarios; the scheduler is restarted for each.\n",
 		r.Config.Pods, r.Config.CreateWorkers, SchedulerName)
 	fmt.Fprintf(w, "- Scenarios: (a) default plugins only: the shipped `manifests/scheduler-config.yaml` with DynamicMIG removed from multiPoint, "+
-		"bind reset to DefaultBinder and its pluginConfig dropped; CPU pods. (b) DynamicMIG (the shipped configuration), GPU pods. "+
+		"bind reset to DefaultBinder and the pluginConfig of DynamicMIG, PodTopologySpread and InterPodAffinity dropped: kube-scheduler's default profile, "+
+		"as CPU pods get it from a cluster's default scheduler; CPU pods. (b) DynamicMIG (the shipped configuration), GPU pods. "+
 		"(c) DynamicMIG, CPU pods. (d), a reference when run (not by default; (g) supersedes it): (a) with kube-scheduler's OpportunisticBatching feature off. "+
-		"No pod of (a), (b) or (c) is batched in any of them: PodTopologySpread's system default constraints (defaultingType System, kube-scheduler's default) "+
-		"refuse to sign every pod, so none is batched; (b)/(d) is therefore the same comparison as (b)/(a). (e), when run: (a)'s plugins plus the same allocator behind a kube-scheduler HTTP extender "+
+		"Batching (kube-scheduler's opportunistic batching, on by default): in (a) no pod is batched, since PodTopologySpread's system default constraints "+
+		"(defaultingType System, kube-scheduler's default) refuse to sign every pod, so (b)/(d) is the same comparison as (b)/(a); the shipped profile "+
+		"((b), (c), (f)) sets PodTopologySpread's defaultingType List and InterPodAffinity's ignorePreferredTermsOfExistingPods, so its pods are signed "+
+		"(GPU pods by DynamicMIG with their request's shape) and the next identical pod is filtered on the node the previous ranking hints, "+
+		"with the last chosen node filtered and scored again first from 1.37 (the batching table gives kube-scheduler's own counters). (e), when run: (a)'s plugins plus the same allocator behind a kube-scheduler HTTP extender "+
 		"(filter over the candidate node names, bind with the Binding carrying the reservation; the extender's writes are made as the scheduler's user), "+
 		"HAMi's architecture, GPU pods: (b)/(e) is what the in-process design gains over it. The extender keeps the plugin's one write per pod; "+
 		"HAMi v2.10 itself makes more (it patches the pod in filter and locks the node with a Node write). "+
@@ -114,6 +118,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		}
 		fmt.Fprintln(w)
 	}
+	r.writeBatching(w, nodes)
 	fmt.Fprintf(w, "A scenario marked *timeout* did not bind every pod within %s of its first create: its span ends at the timeout, "+
 		"its pods/s is the pods bound over that span, and its latencies are of the bound pods only.\n\n", r.timeout())
 	fmt.Fprintf(w, "## Ratios\n\n| nodes | QPS | (b)/(a) | (c)/(a) | (d)/(a) | (b)/(d) | (e)/(a) | (b)/(e) | (f)/(a) | (g)/(a) | (b)/(g) |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -197,4 +202,26 @@ func orderList(cfg Config) string {
 		keys = append(keys, "("+sc.Key+")")
 	}
 	return strings.Join(keys, ", ")
+}
+
+// writeBatching is the table of kube-scheduler's batching counters per scenario.
+func (r *Report) writeBatching(w io.Writer, nodes []int) {
+	fmt.Fprintf(w, "## Batching\n\nkube-scheduler's own counters of the profile over each scenario (`scheduler_batch_attempts_total` by result, "+
+		"`scheduler_batch_cache_flushed_total` by reason, `scheduler_batch_rescore_attempts_total`, 1.37 and later), read from the process's registry: "+
+		"**hint used** = pods bound to the hinted node without a pass over the other nodes, as a share of the pods bound.\n\n")
+	fmt.Fprintf(w, "| nodes | QPS | scenario | hint used | share | no hint | hint not used | batches flushed (reason) | re-scores |\n|---:|---|---|---:|---:|---:|---:|---|---:|\n")
+	for _, q := range r.Config.QPS {
+		for _, n := range nodes {
+			for _, sc := range Scenarios {
+				x := r.find(n, q, sc.Key)
+				if x == nil {
+					continue
+				}
+				b := x.Batch
+				fmt.Fprintf(w, "| %d | %s | (%s) | %.0f | %.2f | %.0f | %.0f | %s | %.0f |\n", n, q, sc.Key, b.hintUsed(), b.hintUsed()/float64(max(x.Bound, 1)),
+					b["attempts no_hint"], b["attempts hint_not_used"], b.flushes(), b["rescores"])
+			}
+		}
+	}
+	fmt.Fprintln(w)
 }

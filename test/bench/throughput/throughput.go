@@ -153,6 +153,9 @@ type Result struct {
 	// StandInWrites are the stand-in device plugin's writes (cluster.StandInWrite: one pod
 	// patch per GPU pod).
 	StandInWrites int64
+	// Batch are kube-scheduler's batching counters over the scenario (the profile of its
+	// pods).
+	Batch BatchCounts
 	// PeakRSSKiB is the process's VmHWM during the scenario (reset before it via
 	// /proc/self/clear_refs when the kernel allows; ResetRSS says whether it did).
 	PeakRSSKiB int64
@@ -274,9 +277,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				if res.Incomplete {
 					cfg.progress("  INCOMPLETE: not every pod bound within the timeout")
 				}
-				cfg.progress("  %d/%d bound in %.1fs: %.1f pods/s, p50 %s p99 %s, scheduler writes %d (+%d refused, +%d events), RSS peak %d MiB",
+				cfg.progress("  %d/%d bound in %.1fs: %.1f pods/s, p50 %s p99 %s, scheduler writes %d (+%d refused, +%d events), RSS peak %d MiB, batching hints used %.0f (flushed: %s)",
 					res.Bound, res.Pods, res.Span.Seconds(), res.PodsPerSec, res.P50.Round(time.Millisecond), res.P99.Round(time.Millisecond),
-					res.WritesTotal, res.RefusedTotal, res.Events, res.PeakRSSKiB/1024)
+					res.WritesTotal, res.RefusedTotal, res.Events, res.PeakRSSKiB/1024, res.Batch.hintUsed(), res.Batch.flushes())
 				rep.Results = append(rep.Results, *res)
 				rep.PeakRSSKiB = max(rep.PeakRSSKiB, res.PeakRSSKiB)
 			}
@@ -333,8 +336,7 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 		factory.Shutdown()
 	}()
 
-	// GPU pods are never batched (DynamicMIG's SignPod refuses them); (d) shows what the
-	// default plugins cost without batching either.
+	// (d) and (g) run with kube-scheduler's batching off.
 	if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(map[string]bool{string(features.OpportunisticBatching): !sc.NoBatching}); err != nil {
 		return nil, err
 	}
@@ -365,6 +367,10 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 	_ = admin.CoreV1().Pods(warmupNS).Delete(ctx, warm.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 	time.Sleep(500 * time.Millisecond) // let the warm-up pod's event and deletion pass
 
+	batchBefore, err := readBatchCounts(SchedulerName)
+	if err != nil {
+		return nil, err
+	}
 	resetRSS := resetPeakRSS()
 	if profile {
 		f, err := os.Create(cfg.CPUProfile)
@@ -415,11 +421,15 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 		pprof.StopCPUProfile()
 	}
 	peak := vmHWM()
+	batchAfter, err := readBatchCounts(SchedulerName)
+	if err != nil {
+		return nil, err
+	}
 	stopSched()
 	stopped = true
 	until := time.Now()
 
-	res := &Result{Nodes: nodes, QPS: q, Scenario: sc, Pods: cfg.Pods, PeakRSSKiB: peak, ResetRSS: resetRSS}
+	res := &Result{Nodes: nodes, QPS: q, Scenario: sc, Pods: cfg.Pods, PeakRSSKiB: peak, ResetRSS: resetRSS, Batch: batchAfter.since(batchBefore)}
 	mu.Lock()
 	res.Bound = len(bound)
 	first := slices.MinFunc(created, func(a, b time.Time) int { return a.Compare(b) })
