@@ -138,3 +138,52 @@ func StartScheduler(ctx context.Context, cp *ControlPlane, configFile string) (s
 		configz.Delete("componentconfig")
 	}, nil
 }
+
+// StartSchedulerBeside runs another scheduler in-process beside the one StartScheduler runs
+// (e.g. a cluster's default scheduler, configured with kube-scheduler's default profile): app.Setup
+// as StartScheduler does, then what app.Run does but for its process-wide parts (the configz
+// entry, health and metrics serving, leader election): the event sink, the informers, and the
+// scheduling loop once its caches and event handlers are synced. stop cancels it and waits.
+func StartSchedulerBeside(ctx context.Context, cp *ControlPlane, configFile string) (stop func(), err error) {
+	if cp == nil {
+		return nil, errors.New("no control plane")
+	}
+	opts := options.NewOptions()
+	opts.ConfigFile = configFile
+	opts.SecureServing.BindPort = 0
+	ctx, cancel := context.WithCancel(ctx)
+	cc, sched, err := kubeapp.Setup(ctx, opts, schedapp.RegistryOptions()...)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("setting up a scheduler: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cc.EventBroadcaster.StartRecordingToSink(ctx.Done())
+		defer cc.EventBroadcaster.Shutdown()
+		cc.InformerFactory.Start(ctx.Done())
+		if cc.DynInformerFactory != nil {
+			cc.DynInformerFactory.Start(ctx.Done())
+		}
+		cc.InformerFactory.WaitForCacheSync(ctx.Done())
+		if cc.DynInformerFactory != nil {
+			cc.DynInformerFactory.WaitForCacheSync(ctx.Done())
+		}
+		if err := sched.WaitForHandlersSync(ctx); err != nil {
+			if ctx.Err() == nil {
+				klog.FromContext(ctx).Error(err, "a scheduler's event handlers did not sync")
+			}
+			return
+		}
+		sched.Run(ctx)
+	}()
+	var stopped atomic.Bool
+	return func() {
+		if stopped.Swap(true) {
+			return
+		}
+		cancel()
+		<-done
+	}, nil
+}

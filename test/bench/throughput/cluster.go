@@ -134,6 +134,58 @@ func addNodes(ctx context.Context, admin, dp kubernetes.Interface, t *nodeTempla
 	return parallel(8, to-from, func(i int) error { return one(from + i) })
 }
 
+func cpuNodeName(n int) string { return fmt.Sprintf("tp-cpu-%05d", n) }
+
+// addCPUNodes registers n CPU nodes: Ready, the GPU nodes' cpu, memory and pods, no
+// inventory, no nvidia.com/gpu, no heartbeat.
+func addCPUNodes(ctx context.Context, admin kubernetes.Interface, n int) error {
+	resources := v1.ResourceList{v1.ResourceCPU: resource.MustParse("32"), v1.ResourceMemory: resource.MustParse("256Gi"), v1.ResourcePods: resource.MustParse("110")}
+	return parallel(8, n, func(i int) error {
+		name := cpuNodeName(i)
+		now := metav1.Now()
+		created, err := admin.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("creating node %s: %w", name, err)
+		}
+		created.Status = v1.NodeStatus{Capacity: resources, Allocatable: resources,
+			Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}}
+		if _, err := admin.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("node %s status: %w", name, err)
+		}
+		return nil
+	})
+}
+
+// deleteNodes removes GPU nodes [from, to) and their heartbeat Leases.
+func deleteNodes(ctx context.Context, admin kubernetes.Interface, from, to int) error {
+	return parallel(8, to-from, func(i int) error {
+		name := nodeName(from + i)
+		if err := admin.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			return fmt.Errorf("deleting node %s: %w", name, err)
+		}
+		if err := admin.CoordinationV1().Leases(api.DefaultSystemNamespace).Delete(ctx, api.HeartbeatLeaseName(name), metav1.DeleteOptions{}); err != nil {
+			return fmt.Errorf("deleting the heartbeat of %s: %w", name, err)
+		}
+		return nil
+	})
+}
+
+// renameProfile is a configuration edit that names the (one) profile schedulerName.
+func renameProfile(schedulerName string) func(doc map[string]any) error {
+	return func(doc map[string]any) error {
+		profiles, _ := doc["profiles"].([]any)
+		if len(profiles) != 1 {
+			return fmt.Errorf("%d profiles, want one", len(profiles))
+		}
+		prof, ok := profiles[0].(map[string]any)
+		if !ok {
+			return fmt.Errorf("profile is %T", profiles[0])
+		}
+		prof["schedulerName"] = schedulerName
+		return nil
+	}
+}
+
 // parallel runs f(0..n-1) on workers goroutines and returns the first error.
 func parallel(workers, n int, f func(i int) error) error {
 	var next atomic.Int64

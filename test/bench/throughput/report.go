@@ -135,6 +135,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 			fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n, q, ratio(b, a), ratio(c, a), ratio(d, a), ratio(b, d), ratio(e, a), ratio(b, e), ratio(f, a), ratio(g, a), ratio(b, g))
 		}
 	}
+	r.writeMixed(w)
 	fmt.Fprintf(w, "\nPeak RSS of the whole run (VmHWM, largest seen): %d MiB.\n\n", r.PeakRSSKiB/1024)
 	if r.Config.CPUProfile != "" {
 		fmt.Fprintf(w, "## CPU profile\n\n")
@@ -154,7 +155,7 @@ func (r *Report) timeout() string {
 func (r *Report) nodes() []int {
 	var out []int
 	for _, x := range r.Results {
-		if !slices.Contains(out, x.Nodes) {
+		if !x.Scenario.Mixed && !slices.Contains(out, x.Nodes) {
 			out = append(out, x.Nodes)
 		}
 	}
@@ -224,4 +225,38 @@ func (r *Report) writeBatching(w io.Writer, nodes []int) {
 		}
 	}
 	fmt.Fprintln(w)
+}
+
+// writeMixed is the mixed cluster's section, if it ran.
+func (r *Report) writeMixed(w io.Writer) {
+	m := r.Config.Mixed
+	var gpu, cpu *Result
+	for i := range r.Results {
+		switch r.Results[i].Scenario.Key {
+		case MixedGPU.Key:
+			gpu = &r.Results[i]
+		case MixedCPU.Key:
+			cpu = &r.Results[i]
+		}
+	}
+	if gpu == nil || cpu == nil {
+		return
+	}
+	fmt.Fprintf(w, "\n## Mixed cluster\n\n%d nodes, %d of them GPU nodes as above and the others CPU nodes (no inventory, no `nvidia.com/gpu`), reshaped from the last size in %.0f s. "+
+		"At client QPS %s, %d GPU pods for `%s` (the shipped configuration) and %d CPU pods for `%s` are created side by side (alternately, by the same %d clients). "+
+		"`%s` is a second kube-scheduler in the same process (`test/cluster.StartSchedulerBeside`) with kube-scheduler's default profile, as (a), "+
+		"and the same client QPS, as a cluster's CPU pods are scheduled by its default scheduler; it writes as the admin user, so the writes counted are dynamig-scheduler's. "+
+		"Each class's pods/s is its pods over its own span (its first create to its last pod seen bound).\n\n",
+		m.Nodes, m.GPUNodes, r.MixedSetup.Seconds(), gpu.QPS, gpu.Pods, SchedulerName, cpu.Pods, DefaultSchedulerName, r.Config.CreateWorkers, DefaultSchedulerName)
+	fmt.Fprintf(w, "| pods | bound | span | pods/s | p50 | p99 | hints used (share) | batches flushed (reason) |\n|---|---:|---:|---:|---:|---:|---:|---|\n")
+	for _, x := range []*Result{gpu, cpu} {
+		fmt.Fprintf(w, "| (%s) %s | %d/%d | %.1f s | %.1f | %s | %s | %.0f (%.2f) | %s |\n", x.Scenario.Key, x.Scenario.Name, x.Bound, x.Pods, x.Span.Seconds(), x.PodsPerSec,
+			ms(x.P50), ms(x.P99), x.Batch.hintUsed(), x.Batch.hintUsed()/float64(max(x.Bound, 1)), x.Batch.flushes())
+	}
+	ratio := "—"
+	if cpu.PodsPerSec > 0 {
+		ratio = fmt.Sprintf("%.2f", gpu.PodsPerSec/cpu.PodsPerSec)
+	}
+	fmt.Fprintf(w, "\nGPU pods' rate over CPU pods' rate: %s. dynamig-scheduler's writes: %.2f per GPU pod (%s).\n",
+		ratio, float64(gpu.WritesTotal)/float64(max(gpu.Bound, 1)), writesBreakdown(gpu.Writes))
 }

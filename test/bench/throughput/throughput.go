@@ -26,7 +26,6 @@ import (
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,7 +76,21 @@ type Scenario struct {
 	// StandIn runs the stand-in device plugin: one pod patch per GPU pod once bound, in the
 	// same process (on 2 cores, CPU the scheduler does not get).
 	StandIn bool
+	// Mixed: the mixed cluster's run (Config.Mixed), reported as MixedGPU and MixedCPU.
+	Mixed bool
 }
+
+// DefaultSchedulerName is the profile of the default scheduler the mixed cluster runs beside
+// dynamig-scheduler, with kube-scheduler's default plugins (DefaultPlugins).
+const DefaultSchedulerName = "default-scheduler"
+
+// The mixed cluster's two results: GPU pods for the shipped profile and CPU pods for a default
+// scheduler running beside dynamig-scheduler in the same process (as a cluster's CPU pods are
+// scheduled), both created side by side.
+var (
+	MixedGPU = Scenario{Key: "mg", Name: "mixed cluster: GPU pods, DynamicMIG", Profile: WithDynamicMIG, GPU: true, Mixed: true}
+	MixedCPU = Scenario{Key: "mc", Name: "mixed cluster: CPU pods, the default scheduler beside it", Profile: DefaultPlugins, Mixed: true}
+)
 
 // Scenarios are (a), (b), (c) and the references (d) and (e), in their default order: the
 // GPU scenarios last, since whatever runs after one runs slower.
@@ -118,11 +131,18 @@ type Config struct {
 	// ProfileScenario (default "b") at the largest node count and the last QPS is written.
 	CPUProfile      string
 	ProfileScenario string
+	// Mixed, when Nodes > 0, runs the mixed cluster after every size: GPUNodes of the nodes
+	// are GPU nodes as above, the others CPU nodes (no inventory, no nvidia.com/gpu), and
+	// Pods GPU pods and Pods CPU pods are created side by side at the last QPS.
+	Mixed MixedCluster
 	// Log receives the API server's and etcd's logs; nil discards them.
 	Log io.Writer
 	// Progress, if set, is told what runs.
 	Progress func(string)
 }
+
+// MixedCluster is the mixed cluster's shape.
+type MixedCluster struct{ Nodes, GPUNodes int }
 
 // Result is one scenario at one node count and QPS.
 type Result struct {
@@ -168,6 +188,7 @@ type Report struct {
 	Results    []Result
 	Setup      time.Duration // control plane start
 	NodeSetup  map[int]time.Duration
+	MixedSetup time.Duration // reshaping the cluster into Config.Mixed
 	PeakRSSKiB int64 // the whole run's VmHWM (the largest seen)
 	// ProfileTop is `go tool pprof -top` of the CPU profile, or why it is missing.
 	ProfileTop   string
@@ -266,10 +287,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				seq++
 				profile := cfg.CPUProfile != "" && sc.Key == cmp.Or(cfg.ProfileScenario, "b") && ni == len(nodes)-1 && qi == len(cfg.QPS)-1
 				cfg.progress("nodes %d, qps %s, (%s) %s", n, q, sc.Key, sc.Name)
-				res, err := runScenario(ctx, cp, admin, dp, configs[fmt.Sprintf("%d/%s", sc.Profile, q)], seq, n, q, sc, cfg, profile)
+				results, err := runScenario(ctx, cp, admin, dp, configs[fmt.Sprintf("%d/%s", sc.Profile, q)], "", seq, n, q, sc, cfg, profile)
 				if err != nil {
 					return nil, fmt.Errorf("nodes %d, qps %s, scenario (%s): %w", n, q, sc.Key, err)
 				}
+				res := results[0]
 				if profile {
 					rep.ProfileLabel = fmt.Sprintf("(%s) %s, %d nodes, %d pods, QPS %s", sc.Key, sc.Name, n, cfg.Pods, q)
 					rep.ProfileTop = profileTop(cfg.CPUProfile)
@@ -285,14 +307,82 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 		}
 	}
+	if m := cfg.Mixed; m.Nodes > 0 {
+		if err := runMixed(ctx, cp, admin, dp, tmpl, have, configs, seq, cfg, rep); err != nil {
+			return nil, fmt.Errorf("the mixed cluster: %w", err)
+		}
+	}
 	rep.PeakRSSKiB = max(rep.PeakRSSKiB, vmHWM())
 	return rep, nil
 }
 
+// runMixed reshapes the cluster of have GPU nodes into cfg.Mixed (GPU nodes removed or
+// added, CPU nodes added) and runs the mixed scenario at the last QPS, with the default
+// scheduler beside dynamig-scheduler.
+func runMixed(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubernetes.Interface, tmpl *nodeTemplate, have int,
+	configs map[string]string, seq int, cfg Config, rep *Report) error {
+	m := cfg.Mixed
+	if m.GPUNodes < 0 || m.GPUNodes > m.Nodes {
+		return fmt.Errorf("%d GPU nodes of %d", m.GPUNodes, m.Nodes)
+	}
+	t0 := time.Now()
+	cfg.progress("mixed cluster: %d nodes, %d of them GPU nodes", m.Nodes, m.GPUNodes)
+	if have > m.GPUNodes {
+		if err := deleteNodes(ctx, admin, m.GPUNodes, have); err != nil {
+			return err
+		}
+	} else if err := addNodes(ctx, admin, dp, tmpl, have, m.GPUNodes); err != nil {
+		return err
+	}
+	if err := addCPUNodes(ctx, admin, m.Nodes-m.GPUNodes); err != nil {
+		return err
+	}
+	rep.MixedSetup = time.Since(t0)
+	q := cfg.QPS[len(cfg.QPS)-1]
+	// The default scheduler writes as the admin, so that the scheduler's writes counted are
+	// dynamig-scheduler's alone.
+	kubeconfig, err := cp.WriteKubeconfig(cluster.UserAdmin)
+	if err != nil {
+		return err
+	}
+	defaultConfig, err := cp.SchedulerConfigAs(cfg.SchedulerConfig, kubeconfig,
+		configEdit(DefaultPlugins, q.QPS, q.Burst, cfg.PercentageOfNodesToScore, ""), renameProfile(DefaultSchedulerName))
+	if err != nil {
+		return err
+	}
+	cfg.progress("nodes %d (%d GPU), qps %s, mixed: GPU pods beside CPU pods", m.Nodes, m.GPUNodes, q)
+	results, err := runScenario(ctx, cp, admin, dp, configs[fmt.Sprintf("%d/%s", WithDynamicMIG, q)], defaultConfig, seq+1, m.Nodes, q, MixedGPU, cfg, false)
+	if err != nil {
+		return err
+	}
+	for _, res := range results {
+		cfg.progress("  (%s) %d/%d bound in %.1fs: %.1f pods/s, p50 %s p99 %s, batching hints used %.0f (flushed: %s)", res.Scenario.Key,
+			res.Bound, res.Pods, res.Span.Seconds(), res.PodsPerSec, res.P50.Round(time.Millisecond), res.P99.Round(time.Millisecond), res.Batch.hintUsed(), res.Batch.flushes())
+		rep.Results = append(rep.Results, *res)
+		rep.PeakRSSKiB = max(rep.PeakRSSKiB, res.PeakRSSKiB)
+	}
+	return nil
+}
+
 const warmupNS = "tp-warmup"
 
-func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubernetes.Interface, schedConfig string,
-	seq, nodes int, q QPS, sc Scenario, cfg Config, profile bool) (_ *Result, err error) {
+// podClass is one kind of pod a scenario creates: its result's scenario, its scheduler and
+// its name prefix.
+type podClass struct {
+	sc        Scenario
+	scheduler string
+	prefix    string
+}
+
+// runScenario runs one scenario: a scheduler from schedConfig, and, when besideConfig is set
+// (the mixed cluster), the default scheduler from it beside; one result per class of pods.
+func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubernetes.Interface, schedConfig, besideConfig string,
+	seq, nodes int, q QPS, sc Scenario, cfg Config, profile bool) (_ []*Result, err error) {
+	classes := []podClass{{sc: sc, scheduler: SchedulerName, prefix: "pod"}}
+	if sc.Mixed {
+		classes = []podClass{{sc: MixedGPU, scheduler: SchedulerName, prefix: "gpu"}, {sc: MixedCPU, scheduler: DefaultSchedulerName, prefix: "cpu"}}
+	}
+	total := cfg.Pods * len(classes)
 	ns := fmt.Sprintf("tp-%d-%s", seq, sc.Key)
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return nil, err
@@ -320,7 +410,7 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 		defer mu.Unlock()
 		if _, seen := bound[p.Name]; !seen {
 			bound[p.Name] = now
-			if len(bound) == cfg.Pods {
+			if len(bound) == total {
 				closeOnce.Do(func() { close(allBound) })
 			}
 		}
@@ -347,29 +437,42 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 	if err != nil {
 		return nil, err
 	}
+	stopBeside := func() {}
+	if besideConfig != "" {
+		if stopBeside, err = cluster.StartSchedulerBeside(ctx, cp, besideConfig); err != nil {
+			stopSched()
+			return nil, err
+		}
+	}
 	stopped := false
 	defer func() {
 		if !stopped {
 			stopSched()
+			stopBeside()
 		}
 	}()
-	// Warm up: the scheduler has synced its caches once it binds a pod.
-	warm := cpuPod(warmupNS, fmt.Sprintf("warmup-%d", seq))
-	if _, err := admin.CoreV1().Pods(warmupNS).Create(ctx, warm, metav1.CreateOptions{}); err != nil {
-		return nil, err
+	// Warm up: a scheduler has synced its caches once it binds a pod.
+	for _, c := range classes {
+		warm := cpuPod(warmupNS, fmt.Sprintf("warmup-%d-%s", seq, c.prefix))
+		warm.Spec.SchedulerName = c.scheduler
+		if _, err := admin.CoreV1().Pods(warmupNS).Create(ctx, warm, metav1.CreateOptions{}); err != nil {
+			return nil, err
+		}
+		if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			p, err := admin.CoreV1().Pods(warmupNS).Get(ctx, warm.Name, metav1.GetOptions{})
+			return err == nil && p.Spec.NodeName != "", nil
+		}); err != nil {
+			return nil, fmt.Errorf("%s did not bind a warm-up pod: %w", c.scheduler, err)
+		}
+		_ = admin.CoreV1().Pods(warmupNS).Delete(ctx, warm.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 	}
-	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		p, err := admin.CoreV1().Pods(warmupNS).Get(ctx, warm.Name, metav1.GetOptions{})
-		return err == nil && p.Spec.NodeName != "", nil
-	}); err != nil {
-		return nil, fmt.Errorf("the scheduler did not bind a warm-up pod: %w", err)
-	}
-	_ = admin.CoreV1().Pods(warmupNS).Delete(ctx, warm.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
-	time.Sleep(500 * time.Millisecond) // let the warm-up pod's event and deletion pass
+	time.Sleep(500 * time.Millisecond) // let the warm-up pods' events and deletions pass
 
-	batchBefore, err := readBatchCounts(SchedulerName)
-	if err != nil {
-		return nil, err
+	batchBefore := make([]BatchCounts, len(classes))
+	for i, c := range classes {
+		if batchBefore[i], err = readBatchCounts(c.scheduler); err != nil {
+			return nil, err
+		}
 	}
 	resetRSS := resetPeakRSS()
 	if profile {
@@ -389,16 +492,19 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 		}()
 	}
 
+	// Pod i is of class i mod the classes: a mixed scenario's classes are created side by side.
 	since := time.Now()
-	created := make([]time.Time, cfg.Pods)
-	names := make([]string, cfg.Pods)
-	err = parallel(cfg.CreateWorkers, cfg.Pods, func(i int) error {
-		name := fmt.Sprintf("pod-%05d", i)
+	created := make([]time.Time, total)
+	names := make([]string, total)
+	err = parallel(cfg.CreateWorkers, total, func(i int) error {
+		c := classes[i%len(classes)]
+		name := fmt.Sprintf("%s-%05d", c.prefix, i/len(classes))
 		names[i] = name
 		p := cpuPod(ns, name)
-		if sc.GPU {
+		if c.sc.GPU {
 			p = gpuPod(ns, name)
 		}
+		p.Spec.SchedulerName = c.scheduler
 		created[i] = time.Now()
 		_, err := admin.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
 		return err
@@ -408,7 +514,7 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 	}
 	timeout := cfg.Timeout
 	if timeout <= 0 {
-		timeout = 5*time.Minute + time.Duration(cfg.Pods)*100*time.Millisecond
+		timeout = 5*time.Minute + time.Duration(total)*100*time.Millisecond
 	}
 	timeout -= time.Since(since)
 	select {
@@ -421,37 +527,46 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 		pprof.StopCPUProfile()
 	}
 	peak := vmHWM()
-	batchAfter, err := readBatchCounts(SchedulerName)
-	if err != nil {
-		return nil, err
+	var results []*Result
+	for i, c := range classes {
+		after, err := readBatchCounts(c.scheduler)
+		if err != nil {
+			return nil, err
+		}
+		results = append(results, &Result{Nodes: nodes, QPS: q, Scenario: c.sc, Pods: cfg.Pods, PeakRSSKiB: peak, ResetRSS: resetRSS, Batch: after.since(batchBefore[i])})
 	}
 	stopSched()
+	stopBeside()
 	stopped = true
 	until := time.Now()
 
-	res := &Result{Nodes: nodes, QPS: q, Scenario: sc, Pods: cfg.Pods, PeakRSSKiB: peak, ResetRSS: resetRSS, Batch: batchAfter.since(batchBefore)}
 	mu.Lock()
-	res.Bound = len(bound)
-	first := slices.MinFunc(created, func(a, b time.Time) int { return a.Compare(b) })
-	var last time.Time
-	lat := make([]time.Duration, 0, len(bound))
-	for i, n := range names {
-		if t, ok := bound[n]; ok {
-			lat = append(lat, t.Sub(created[i]))
-			if t.After(last) {
-				last = t
+	for ci, res := range results {
+		var first, last time.Time
+		lat := make([]time.Duration, 0, cfg.Pods)
+		for i := ci; i < total; i += len(classes) {
+			if first.IsZero() || created[i].Before(first) {
+				first = created[i]
+			}
+			if t, ok := bound[names[i]]; ok {
+				res.Bound++
+				lat = append(lat, t.Sub(created[i]))
+				if t.After(last) {
+					last = t
+				}
 			}
 		}
+		res.Span = last.Sub(first)
+		if res.Bound < res.Pods {
+			res.Incomplete = true
+			res.Span = until.Sub(first)
+		}
+		res.PodsPerSec = float64(res.Bound) / res.Span.Seconds()
+		slices.Sort(lat)
+		res.P50, res.P99 = percentile(lat, 0.50), percentile(lat, 0.99)
 	}
 	mu.Unlock()
-	res.Span = last.Sub(first)
-	if res.Bound < res.Pods {
-		res.Incomplete = true
-		res.Span = until.Sub(first)
-	}
-	res.PodsPerSec = float64(res.Bound) / res.Span.Seconds()
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	res.P50, res.P99 = percentile(lat, 0.50), percentile(lat, 0.99)
+	res := results[0] // the scheduler's writes are dynamig-scheduler's: the first class's
 
 	// The audit record is written as each response completes: let the last ones land.
 	time.Sleep(time.Second)
@@ -473,7 +588,7 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 	if err := clearScenario(ctx, cp, admin, ns); err != nil {
 		return nil, err
 	}
-	return res, nil
+	return results, nil
 }
 
 // clearScenario removes a scenario's pods and events, waits until they are gone, compacts

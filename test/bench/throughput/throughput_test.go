@@ -11,9 +11,10 @@ import (
 	"github.com/dynamig/dynamig/test/cluster"
 )
 
-// A tiny run of every scenario: every pod is bound, each pod costs exactly one scheduler
-// write at the API server (its Binding, which for a GPU pod carries the reservation), and
-// the stand-in device plugin runs in (f) only, making one write per GPU pod.
+// A tiny run of every scenario and of the mixed cluster: every pod is bound, each pod costs
+// exactly one scheduler write at the API server (its Binding, which for a GPU pod carries the
+// reservation; the mixed cluster's default scheduler writes as the admin, uncounted), and the
+// stand-in device plugin runs in (f) only, making one write per GPU pod.
 func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane")
@@ -33,6 +34,7 @@ func TestSmoke(t *testing.T) {
 		Nodes:           []int{5},
 		Pods:            pods,
 		QPS:             []QPS{HighQPS},
+		Mixed:           MixedCluster{Nodes: 8, GPUNodes: 3},
 		Log:             logFile,
 		Progress:        func(s string) { t.Log(s) },
 	})
@@ -42,8 +44,8 @@ func TestSmoke(t *testing.T) {
 		}
 		t.Fatal(err)
 	}
-	if len(rep.Results) != len(Scenarios) {
-		t.Fatalf("%d results, want %d", len(rep.Results), len(Scenarios))
+	if len(rep.Results) != len(Scenarios)+2 {
+		t.Fatalf("%d results, want %d: every scenario's and the mixed cluster's two", len(rep.Results), len(Scenarios)+2)
 	}
 	for _, r := range rep.Results {
 		if r.Bound != pods || r.Incomplete {
@@ -52,7 +54,11 @@ func TestSmoke(t *testing.T) {
 		if r.PodsPerSec <= 0 || r.P50 <= 0 || r.P99 < r.P50 || r.PeakRSSKiB <= 0 {
 			t.Errorf("(%s): implausible figures %+v", r.Scenario.Key, r)
 		}
-		if bindings(r) != pods || r.WritesTotal != r.Writes[binding] {
+		if r.Scenario.Key == MixedCPU.Key {
+			if r.WritesTotal != 0 {
+				t.Errorf("(%s): %v counted as the scheduler's writes, want none (the default scheduler writes as the admin)", r.Scenario.Key, r.Writes)
+			}
+		} else if bindings(r) != pods || r.WritesTotal != r.Writes[binding] {
 			t.Errorf("(%s): scheduler writes %v (total %d, refused %v), want %d: one Binding per pod and nothing else",
 				r.Scenario.Key, r.Writes, r.WritesTotal, r.Refused, pods)
 		}
@@ -66,8 +72,10 @@ func TestSmoke(t *testing.T) {
 	}
 	var md strings.Builder
 	rep.WriteMarkdown(&md, Machine{})
-	if !strings.Contains(md.String(), cluster.StandInWrite) {
-		t.Errorf("the report does not say what the stand-in wrote:\n%s", md.String())
+	for _, want := range []string{cluster.StandInWrite, "## Batching", "## Mixed cluster", "GPU pods' rate over CPU pods' rate"} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("the report lacks %q:\n%s", want, md.String())
+		}
 	}
 }
 

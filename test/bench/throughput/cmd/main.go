@@ -32,6 +32,7 @@ func main() {
 	profileScenario := flag.String("profile-scenario", "b", "the scenario -cpuprofile records: a, b, c, d, e or f")
 	timeout := flag.Duration("timeout", 0, "per scenario, from its first create: pods not bound by then are reported as such (0: 5 min + 100 ms per pod)")
 	nodesToScore := flag.Int("percentage-of-nodes-to-score", 0, "percentageOfNodesToScore for every scenario (0: the configuration's)")
+	mixed := flag.String("mixed", "5000/500", "the mixed cluster run after the sizes, nodes/GPU nodes, at the last QPS; empty for none")
 	logPath := flag.String("log", "", "file for the control plane's and scheduler's logs (default: a temporary file, removed on success)")
 	flag.Parse()
 
@@ -58,6 +59,15 @@ func main() {
 			fail(fmt.Errorf("-qps: bad setting %q (want qps/burst)", s))
 		}
 		cfg.QPS = append(cfg.QPS, throughput.QPS{QPS: qv, Burst: bv})
+	}
+	if *mixed != "" {
+		n, g, ok := strings.Cut(*mixed, "/")
+		nv, err1 := strconv.Atoi(n)
+		gv, err2 := strconv.Atoi(g)
+		if !ok || err1 != nil || err2 != nil || gv < 0 || gv > nv {
+			fail(fmt.Errorf("-mixed: bad setting %q (want nodes/GPU nodes, GPU nodes at most nodes)", *mixed))
+		}
+		cfg.Mixed = throughput.MixedCluster{Nodes: nv, GPUNodes: gv}
 	}
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		fail(err)
