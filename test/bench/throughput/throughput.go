@@ -189,7 +189,7 @@ type Report struct {
 	Setup      time.Duration // control plane start
 	NodeSetup  map[int]time.Duration
 	MixedSetup time.Duration // reshaping the cluster into Config.Mixed
-	PeakRSSKiB int64 // the whole run's VmHWM (the largest seen)
+	PeakRSSKiB int64         // the whole run's VmHWM (the largest seen)
 	// ProfileTop is `go tool pprof -top` of the CPU profile, or why it is missing.
 	ProfileTop   string
 	ProfileLabel string
