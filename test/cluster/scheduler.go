@@ -12,7 +12,9 @@ import (
 	"k8s.io/component-base/configz"
 	"k8s.io/klog/v2"
 	kubeapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	schedulerserverconfig "k8s.io/kubernetes/cmd/kube-scheduler/app/config"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
+	"k8s.io/kubernetes/pkg/scheduler"
 
 	schedapp "github.com/dynamig/dynamig/cmd/dynamig-scheduler/app"
 )
@@ -110,14 +112,11 @@ func StartScheduler(ctx context.Context, cp *ControlPlane, configFile string) (s
 	if cp == nil {
 		return nil, errors.New("no control plane")
 	}
-	opts := options.NewOptions()
-	opts.ConfigFile = configFile
-	opts.SecureServing.BindPort = 0 // no listener
 	ctx, cancel := context.WithCancel(ctx)
-	cc, sched, err := kubeapp.Setup(ctx, opts, schedapp.RegistryOptions()...)
+	cc, sched, err := setupScheduler(ctx, configFile)
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("setting up dynamig-scheduler: %w", err)
+		return nil, err
 	}
 	done := make(chan struct{})
 	go func() {
@@ -148,14 +147,11 @@ func StartSchedulerBeside(ctx context.Context, cp *ControlPlane, configFile stri
 	if cp == nil {
 		return nil, errors.New("no control plane")
 	}
-	opts := options.NewOptions()
-	opts.ConfigFile = configFile
-	opts.SecureServing.BindPort = 0
 	ctx, cancel := context.WithCancel(ctx)
-	cc, sched, err := kubeapp.Setup(ctx, opts, schedapp.RegistryOptions()...)
+	cc, sched, err := setupScheduler(ctx, configFile)
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("setting up a scheduler: %w", err)
+		return nil, err
 	}
 	done := make(chan struct{})
 	go func() {
@@ -186,4 +182,17 @@ func StartSchedulerBeside(ctx context.Context, cp *ControlPlane, configFile stri
 		cancel()
 		<-done
 	}, nil
+}
+
+// setupScheduler is kube-scheduler's app.Setup with dynamig's registry options and the
+// configuration file, its own flags at their defaults but secure serving (no listener).
+func setupScheduler(ctx context.Context, configFile string) (*schedulerserverconfig.CompletedConfig, *scheduler.Scheduler, error) {
+	opts := options.NewOptions()
+	opts.ConfigFile = configFile
+	opts.SecureServing.BindPort = 0
+	cc, sched, err := kubeapp.Setup(ctx, opts, schedapp.RegistryOptions()...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("setting up a scheduler from %s: %w", configFile, err)
+	}
+	return cc, sched, nil
 }

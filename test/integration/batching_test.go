@@ -10,8 +10,6 @@ import (
 	"k8s.io/component-base/metrics/testutil"
 	"k8s.io/kubernetes/pkg/features"
 	schedmetrics "k8s.io/kubernetes/pkg/scheduler/metrics"
-
-	"github.com/dynamig/dynamig/api"
 )
 
 // TestBatchingKeepsPlacements binds the same burst of identical GPU pods twice on the same
@@ -35,12 +33,7 @@ func TestBatchingKeepsPlacements(t *testing.T) {
 			}
 			before := hintsUsed(t)
 			e.startScheduler()
-			var names []string
-			for j := range burst {
-				p := e.gpuPod(fmt.Sprintf("p%02d", j), api.ModeMIG, [2]int{1, 4000})
-				names = append(names, p.Name)
-				e.create(p)
-			}
+			names := e.burst("p", burst, 4000)
 			e.waitRealised(2*time.Minute, names...)
 			pods := e.pods()
 			if n := checkPlacements(t, pods); n != burst {

@@ -197,6 +197,19 @@ func (e *env) gpuPod(name, mode string, containers ...[2]int) *v1.Pod {
 	return fixture.GPUPod(e.ns, name, mode, containers...)
 }
 
+// burst creates n identical MIG pods named prefix-00, prefix-01, …, each asking for one
+// device of mib, and returns their names.
+func (e *env) burst(prefix string, n, mib int) []string {
+	e.t.Helper()
+	var names []string
+	for i := range n {
+		p := e.gpuPod(fmt.Sprintf("%s-%02d", prefix, i), api.ModeMIG, [2]int{1, mib})
+		names = append(names, p.Name)
+		e.create(p)
+	}
+	return names
+}
+
 func (e *env) create(pods ...*v1.Pod) {
 	e.t.Helper()
 	for _, p := range pods {

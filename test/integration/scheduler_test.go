@@ -312,12 +312,7 @@ func TestAtomicBind(t *testing.T) {
 	// than 1g.5gb, whose seven instances per GPU would exhaust the nodes' nvidia.com/gpu
 	// count, 7 per GPU, so that NodeResourcesFit would refuse the extra pod before
 	// DynamicMIG says anything.)
-	var names []string
-	for i := range burst {
-		p := e.gpuPod(fmt.Sprintf("burst-%02d", i), api.ModeMIG, [2]int{1, 8000})
-		names = append(names, p.Name)
-		e.create(p)
-	}
+	names := e.burst("burst", burst, 8000)
 	e.waitRealised(90*time.Second, names...)
 	if bound := checkPlacements(t, e.pods()); bound != burst {
 		t.Errorf("bound pods: %d, want %d", bound, burst)
