@@ -43,11 +43,12 @@ TESTFLAGS := -ldflags=-w -vet=off
 # CPU-seconds instead of 751), at 1.3 GB peak for one process.
 export GOGC ?= 400
 export GOMEMLIMIT ?= 4GiB
-# How many inputs each fuzz target tries in `make test`: fuzzing's executions were about 6.6
-# of make test's 118 CPU-minutes at 200000x (`make fuzz FUZZSCALE=50` fuzzes longer).
+# How many inputs each fuzz target tries in `make test`: a smoke run of every decoder's
+# fuzz target, about 1 CPU-minute of make test's at 30000x (6.6 measured at 200000x);
+# `make fuzz FUZZSCALE=50` fuzzes longer.
 # An execution count, not a duration: a duration-based -fuzztime can fail a clean run with
 # "context deadline exceeded" at its end (go.dev/issue/75804, fixed in Go 1.27).
-FUZZTIME ?= 100000x
+FUZZTIME ?= 30000x
 # Packages with concurrency run under the race detector: every package with goroutines but
 # the suites that run whole sandbox clusters (test/...), whose race build of the API server
 # and run under it do not fit make test's time (docs/reliability.md).
@@ -61,18 +62,18 @@ FUZZ_TARGETS := \
 	./api:FuzzParseSignature \
 	./config:FuzzParseDeviceConfig \
 	./config:FuzzParseNodeConfig \
-	./config:FuzzDecodeDynamicMIGArgs:20000x \
+	./config:FuzzDecodeDynamicMIGArgs:6000x \
 	./config:FuzzDynamicMIGArgsOf \
 	./deviceplugin/podresources:FuzzOwner \
 	./deviceplugin/runtimecdi:FuzzJudge \
-	./test/sandbox/sandboxconfig:FuzzParseConfig:50000x \
+	./test/sandbox/sandboxconfig:FuzzParseConfig:15000x \
 	./plugins/dynamicmig/request:FuzzParsePod \
 	./deviceplugin/checkpoint:FuzzDecode \
 	./nvml/sim:FuzzParseGPUList \
-	./nvml/sim:FuzzRestore:20000x \
+	./nvml/sim:FuzzRestore:6000x \
 	./webhook/mutation:FuzzDecide
 
-.PHONY: all build kubelet test prefetch mod-download test-minors test-minor test-kubelet test-preview modfiles print-k8s unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-burst kubectl
+.PHONY: all build kubelet test test-minors test-minor test-kubelet test-preview modfiles print-k8s unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-burst kubectl
 
 all: build
 
@@ -84,40 +85,20 @@ LDFLAGS := -X github.com/dynamig/dynamig/version.version=$(VERSION) -X github.co
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
-# Everything: lint, which compiles every package of the newest minor, and beside it prefetch
-# (what the lanes would otherwise download and build while they wait); then two lanes at once
+# Everything: lint, which compiles every package of the newest minor, then two lanes at once
 # sharing the build cache: the newest minor's unit, race and fuzz, and the suite of every other
 # minor (test-minors, its lines marked [other minors]). On 2 cores the sandbox suites mostly wait
 # on timers and the other lane's compiles fill the CPU (docs/architecture.md, "The Kubernetes
-# matrix"); each phase's result and time is printed last.
-test:
+# matrix"); each lane's result and time is printed last.
+test: lint
 	@set -o pipefail; start=$$(date +%s); \
-	( $(MAKE) --no-print-directory prefetch 2>&1 | sed -u 's/^/[prefetch] /' ) & prefetch=$$!; \
-	if $(MAKE) --no-print-directory lint; then lint=ok; else lint=FAILED; fi; \
-	if wait $$prefetch; then fetched=ok; else fetched=FAILED; fi; \
-	first="lint $$lint, prefetch $$fetched in $$(( $$(date +%s) - start )) s"; \
-	if [[ $$lint$$fetched != okok ]]; then echo "make test: $$first"; exit 1; fi; \
 	( $(MAKE) --no-print-directory test-minors 2>&1 | sed -u 's/^/[other minors] /' ) & minors=$$!; \
 	if $(MAKE) --no-print-directory unit race fuzz; then newest=ok; else newest=FAILED; fi; \
 	newest="$$newest in $$(( $$(date +%s) - start )) s"; \
 	if wait $$minors; then others=ok; else others=FAILED; fi; \
 	others="$$others in $$(( $$(date +%s) - start )) s"; \
-	echo "make test: $$first; Kubernetes $(K8S) (unit, race, fuzz): $$newest; other minors: $$others"; \
+	echo "make test: Kubernetes $(K8S) (unit, race, fuzz): $$newest; other minors: $$others"; \
 	[[ $$newest == ok* && $$others == ok* ]]
-
-# Beside lint's compiles, which fill both cores: the real runtime of the nodes on containerd
-# (hack/runtime-tools: built once into the user cache, as the tests would, with single-threaded
-# links and module downloads that would leave a core idle in a lane, and make the other lane's
-# containerd tests wait on its lock), then every other minor's modules and the Go release a
-# minor needs (module downloads: network, not CPU).
-prefetch:
-	$(GO) run ./hack/runtime-tools
-	@for m in $(filter-out $(K8S),$(K8S_SUPPORTED)) $(K8S_PREVIEW); do \
-		$(MAKE) --no-print-directory K8S=$$m mod-download || exit 1; \
-	done
-
-mod-download:
-	$(GO) mod download
 
 # The real kubelet of the minor (its module file's tool k8s.io/kubernetes/cmd/kubelet), which
 # the test nodes run (test/kubeletnode); tests find it through DYNAMIG_KUBELET. The version
@@ -128,12 +109,9 @@ kubelet: $(KUBELET)
 $(KUBELET): $(MODFILE) $(MODFILE:.mod=.sum)
 	$(GO) build -ldflags "-w -X k8s.io/component-base/version.gitVersion=$(K8S_RELEASE) -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(K8S)))" -o $@ k8s.io/kubernetes/cmd/kubelet
 
-# Every package but RACE_PKGS, which race runs: each package's tests run once. Three at a
-# time (-p: test binaries and compiles alike; 2 on 2 cores): the longest suites (faults, e2e)
-# mostly wait on timers, and with two slots they held both for minutes while the others'
-# compiles and links waited.
+# Every package but RACE_PKGS, which race runs: each package's tests run once.
 unit: $(KUBELET)
-	$(GO) test $(TESTFLAGS) -p 3 -count=1 -timeout 30m $$($(GO) list ./... | grep -vxF -f <($(GO) list $(RACE_PKGS)))
+	$(GO) test $(TESTFLAGS) -count=1 -timeout 30m $$($(GO) list ./... | grep -vxF -f <($(GO) list $(RACE_PKGS)))
 
 race: $(KUBELET)
 	$(GO) test $(TESTFLAGS) -count=1 -race $(RACE_PKGS)

@@ -1,8 +1,6 @@
 // Package usercache builds what tests need once into the user's cache directory
 // (<cache>/dynamig/<name>, where go keeps its build cache too) and reuses it: the kubelet of a
-// minor (test/kubeletnode) and the real runtime (test/kubeletnode/runtimetools). It has no
-// dependency outside the standard library, so make test builds the runtime with it while lint
-// compiles everything else (hack/runtime-tools).
+// minor (test/kubeletnode) and the real runtime (test/kubeletnode/runtimetools).
 package usercache
 
 import (

@@ -1,8 +1,7 @@
 // Package runtimetools builds the real container runtime test nodes run on (test/kubeletnode's
 // nodes on containerd): containerd 2.x, its runc shim, ctr, runc, the CNI plugins, containerd
 // 1.7 for a node with CDI off, and this repository's cnistub and noseccomp, each from its own
-// module, once, into the user's cache directory (test/usercache). Only the standard library:
-// hack/runtime-tools builds them at the start of make test, beside lint.
+// module, once, into the user's cache directory (test/usercache).
 package runtimetools
 
 import (
