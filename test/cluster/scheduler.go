@@ -109,33 +109,13 @@ func DeviceConfigFile(path string) func(doc map[string]any) error {
 // stop cancels the scheduler and waits until app.Run has returned. Only one scheduler may
 // run in a process at a time (app.Run registers the process-wide configz entry).
 func StartScheduler(ctx context.Context, cp *ControlPlane, configFile string) (stop func(), err error) {
-	if cp == nil {
-		return nil, errors.New("no control plane")
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	cc, sched, err := setupScheduler(ctx, configFile)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	return runScheduler(ctx, cp, configFile, func(ctx context.Context, cc *schedulerserverconfig.CompletedConfig, sched *scheduler.Scheduler) {
 		// Run returns only when ctx ends (with "finished without leader elect") or on a
 		// start error.
 		if err := kubeapp.Run(ctx, cc, sched); err != nil && ctx.Err() == nil {
 			klog.FromContext(ctx).Error(err, "dynamig-scheduler stopped")
 		}
-	}()
-	var stopped atomic.Bool
-	return func() {
-		if stopped.Swap(true) {
-			return
-		}
-		cancel()
-		<-done
-		configz.Delete("componentconfig")
-	}, nil
+	}, func() { configz.Delete("componentconfig") })
 }
 
 // StartSchedulerBeside runs another scheduler in-process beside the one StartScheduler runs
@@ -144,18 +124,7 @@ func StartScheduler(ctx context.Context, cp *ControlPlane, configFile string) (s
 // entry, health and metrics serving, leader election): the event sink, the informers, and the
 // scheduling loop once its caches and event handlers are synced. stop cancels it and waits.
 func StartSchedulerBeside(ctx context.Context, cp *ControlPlane, configFile string) (stop func(), err error) {
-	if cp == nil {
-		return nil, errors.New("no control plane")
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	cc, sched, err := setupScheduler(ctx, configFile)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	return runScheduler(ctx, cp, configFile, func(ctx context.Context, cc *schedulerserverconfig.CompletedConfig, sched *scheduler.Scheduler) {
 		cc.EventBroadcaster.StartRecordingToSink(ctx.Done())
 		defer cc.EventBroadcaster.Shutdown()
 		cc.InformerFactory.Start(ctx.Done())
@@ -173,26 +142,41 @@ func StartSchedulerBeside(ctx context.Context, cp *ControlPlane, configFile stri
 			return
 		}
 		sched.Run(ctx)
-	}()
-	var stopped atomic.Bool
-	return func() {
-		if stopped.Swap(true) {
-			return
-		}
-		cancel()
-		<-done
-	}, nil
+	}, nil)
 }
 
-// setupScheduler is kube-scheduler's app.Setup with dynamig's registry options and the
-// configuration file, its own flags at their defaults but secure serving (no listener).
-func setupScheduler(ctx context.Context, configFile string) (*schedulerserverconfig.CompletedConfig, *scheduler.Scheduler, error) {
+// runScheduler sets a scheduler up from configFile (kube-scheduler's app.Setup with dynamig's
+// registry options, its own flags at their defaults but secure serving: no listener) and
+// runs it with run in a goroutine; stop cancels it, waits until run has returned, then calls
+// stopped (if any).
+func runScheduler(ctx context.Context, cp *ControlPlane, configFile string,
+	run func(context.Context, *schedulerserverconfig.CompletedConfig, *scheduler.Scheduler), stopped func()) (stop func(), err error) {
+	if cp == nil {
+		return nil, errors.New("no control plane")
+	}
+	ctx, cancel := context.WithCancel(ctx)
 	opts := options.NewOptions()
 	opts.ConfigFile = configFile
 	opts.SecureServing.BindPort = 0
 	cc, sched, err := kubeapp.Setup(ctx, opts, schedapp.RegistryOptions()...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("setting up a scheduler from %s: %w", configFile, err)
+		cancel()
+		return nil, fmt.Errorf("setting up a scheduler from %s: %w", configFile, err)
 	}
-	return cc, sched, nil
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		run(ctx, cc, sched)
+	}()
+	var once atomic.Bool
+	return func() {
+		if once.Swap(true) {
+			return
+		}
+		cancel()
+		<-done
+		if stopped != nil {
+			stopped()
+		}
+	}, nil
 }
