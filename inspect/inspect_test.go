@@ -255,8 +255,8 @@ func TestExplainReasons(t *testing.T) {
 		{"fragmented", gpuPod("half", api.ModeMIG, "19000", "frag"), "frag", string(placement.ReasonFragmented), [][]string{{"default/s3"}}},
 		{"instance limit", gpuPod("beside", api.ModeMIG, "40000", "me"), "me", string(placement.ReasonInstanceLimit), [][]string{{"default/all-me"}}},
 		{"heartbeat expired", gpuPod("late", api.ModeMIG, "4000", "gone"), "gone", string(placement.ReasonHeartbeat), nil},
-		{"mode", gpuPod("mig-on-core", api.ModeMIG, "4000", "core"), "core", string(placement.ReasonNoMIGGPU), nil},
-		{"mode, hami-core on MIG", gpuPod("core-on-mig", api.ModeHAMiCore, "4000", "frag"), "frag", string(placement.ReasonNoGPU), nil},
+		{"mode", gpuPod("mig-on-core", api.ModeMIG, "4000", "core"), "core", ReasonNotPreFiltered, nil},
+		{"mode, hami-core on MIG", gpuPod("core-on-mig", api.ModeHAMiCore, "4000", "frag"), "frag", ReasonNotPreFiltered, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, err := Explain(tc.pod, nodes, pods, leases, policy(t, device), testNow)
@@ -269,10 +269,14 @@ func TestExplainReasons(t *testing.T) {
 			}
 			for _, v := range got {
 				want := ReasonNodeAffinity
-				switch v.Node {
-				case "tainted": // TaintToleration runs before NodeAffinity
+				switch {
+				case (v.Node == "core") != (tc.pod.Annotations[api.VGPUModeAnnotation] == api.ModeHAMiCore):
+					// No GPU of the pod's mode: DynamicMIG's PreFilterResult leaves the node
+					// out before any filter runs.
+					want = ReasonNotPreFiltered
+				case v.Node == "tainted": // TaintToleration runs before NodeAffinity
 					want = ReasonTaints
-				case tc.node:
+				case v.Node == tc.node:
 					want = tc.reason
 				}
 				if v.Fits || v.Reason != want {
@@ -374,7 +378,7 @@ func TestSimulate(t *testing.T) {
 	if r := got[6].Refusal; !strings.Contains(r, "the largest device any node offers has 81152 MiB") {
 		t.Errorf("too-big's refusal: %v", r)
 	}
-	if r := got[7].Refusals; r[string(placement.ReasonPlacementsTaken)] != 1 || r[string(placement.ReasonNoProfile)] != 1 || r[string(placement.ReasonNoMIGGPU)] != 1 {
+	if r := got[7].Refusals; r[string(placement.ReasonPlacementsTaken)] != 1 || r[string(placement.ReasonNoProfile)] != 1 || r[ReasonNotPreFiltered] != 1 {
 		t.Errorf("whole's refusals: %v", r)
 	}
 	// Nothing was changed in the inputs.

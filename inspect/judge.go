@@ -45,7 +45,8 @@ func (p *Policy) parse(pod *v1.Pod) (*request.Request, error) {
 }
 
 // preFilter is DynamicMIG's PreFilter refusal of req on the cluster of candidates: more
-// memory per device than any node's largest device of the mode, or "".
+// memory per device than any node's largest device of the mode, or no node with a GPU of the
+// mode; or "".
 func (p *Policy) preFilter(req *request.Request, candidates []*candidate) string {
 	largest := 0
 	for _, c := range candidates {
@@ -58,7 +59,22 @@ func (p *Policy) preFilter(req *request.Request, candidates []*candidate) string
 	if err := req.CheckLargest(largest, p.Args.ResourceMemoryName); err != nil {
 		return err.Error()
 	}
+	if !slices.ContainsFunc(candidates, func(c *candidate) bool { return c.preFiltered(req.Mode) }) {
+		return placement.NoGPUNodeMessage(req.Mode)
+	}
 	return ""
+}
+
+// preFiltered tells whether DynamicMIG's PreFilter hands the node to kube-scheduler for a pod
+// of mode: its inventory has a GPU of the mode, or does not decode (Filter says why).
+func (c *candidate) preFiltered(mode string) bool {
+	switch c.Inventory {
+	case "missing":
+		return false
+	case "":
+		return placement.HasGPUOfMode(c.inventory, mode)
+	}
+	return true
 }
 
 // kube-scheduler's own Filter reasons, as its plugins word them, for the filters that run
@@ -66,11 +82,14 @@ func (p *Policy) preFilter(req *request.Request, candidates []*candidate) string
 // TaintToleration, NodeAffinity and NodeResourcesFit.
 const (
 	ReasonNodeUnschedulable = "node(s) were unschedulable"
-	ReasonNodeName          = "node(s) didn't match the requested node name"
-	ReasonTaints            = "node(s) had untolerated taint(s)"
-	ReasonNodeAffinity      = "node(s) didn't match Pod's node affinity/selector"
-	ReasonTooManyPods       = "Too many pods"
-	reasonInsufficient      = "Insufficient "
+	// ReasonNotPreFiltered is kube-scheduler's word for the nodes outside a PreFilterResult:
+	// DynamicMIG's leaves out the nodes without a GPU of the pod's mode, before every filter.
+	ReasonNotPreFiltered = "node(s) didn't satisfy plugin(s) [DynamicMIG]"
+	ReasonNodeName       = "node(s) didn't match the requested node name"
+	ReasonTaints         = "node(s) had untolerated taint(s)"
+	ReasonNodeAffinity   = "node(s) didn't match Pod's node affinity/selector"
+	ReasonTooManyPods    = "Too many pods"
+	reasonInsufficient   = "Insufficient "
 )
 
 // candidate is one node as the scheduler's filters see it: its inventory with what holds
@@ -173,6 +192,13 @@ type judgement struct {
 // fits, DynamicMIG's Score.
 func (p *Policy) judge(pod *v1.Pod, req *request.Request, c *candidate) judgement {
 	j := judgement{Verdict: Verdict{Node: c.Name}, candidate: c}
+	if !c.preFiltered(req.Mode) {
+		j.Reason, j.Detail = ReasonNotPreFiltered, "the node publishes no GPU inventory"
+		if c.Inventory == "" {
+			j.Detail = fmt.Sprintf("the node's inventory has no %s GPU", req.Mode)
+		}
+		return j
+	}
 	if why := p.schedulerFilters(pod, c); why != "" {
 		j.Reason = why
 		return j

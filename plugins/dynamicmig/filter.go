@@ -64,21 +64,13 @@ func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *
 	gpuNodes := pl.gpuNodes.names(pl.inventory, nodes, req.Mode)
 	if gpuNodes.Len() == 0 {
 		pl.pending.start(pod).note(rankNoInventory)
-		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, noGPUNodeMessage(req.Mode))
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, placement.NoGPUNodeMessage(req.Mode))
 	}
 	// The fits map has room for the nodes kube-scheduler may filter: growing it node by node
 	// costs more (BenchmarkCycle1000Nodes).
 	state.Write(stateKey, &stateData{req: req, key: string(key), now: time.Now(),
 		fits: make(map[string]*nodeFit, min(gpuNodes.Len(), maxPresizedFits)), refused: &sync.Map{}, attempt: pl.pending.start(pod)})
 	return &fwk.PreFilterResult{NodeNames: gpuNodes}, nil
-}
-
-// noGPUNodeMessage is PreFilter's refusal when no node publishes a GPU of the mode.
-func noGPUNodeMessage(mode string) string {
-	if mode == "" {
-		return "no node publishes a GPU inventory (no dynamig-device-plugin runs)"
-	}
-	return fmt.Sprintf("no node publishes a GPU inventory with a %s GPU (no dynamig-device-plugin runs, or none in that mode)", mode)
 }
 
 // refuseRequest counts a GPU request that PreFilter refuses.

@@ -8,6 +8,7 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
 
 // gpuNodes is, per mode, the names of the nodes that publish an inventory with a GPU of that
@@ -60,11 +61,10 @@ func (g *gpuNodes) compute(inv *inventoryCache, nodes []fwk.NodeInfo) {
 				s.Insert(n.Name)
 			}
 		default:
-			for j := range gpus {
-				if s, known := g.byMode[gpus[j].Mode]; known {
+			for mode, s := range g.byMode {
+				if placement.HasGPUOfMode(gpus, mode) {
 					s.Insert(n.Name)
 				}
-				g.byMode[""].Insert(n.Name)
 			}
 		}
 	}

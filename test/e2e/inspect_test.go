@@ -86,7 +86,7 @@ func TestExplainMatchesScheduler(t *testing.T) {
 		{"half", "frag", "MIG GPU fragmented: enough free slots but no legal placement", 19000, api.ModeMIG},
 		{"beside", "me", "MIG instance limit reached", 40000, api.ModeMIG},
 		{"late", "gone", "node's dynamig-device-plugin heartbeat expired", 4000, api.ModeMIG},
-		{"mig-on-core", "core", "no MIG-capable GPU of the allowed type", 4000, api.ModeMIG},
+		{"mig-on-core", "core", inspect.ReasonNotPreFiltered, 4000, api.ModeMIG},
 	} {
 		t.Run(tc.pod, func(t *testing.T) {
 			w := &world{w.For(t)}
@@ -172,7 +172,7 @@ func TestSimulateMatchesScheduler(t *testing.T) {
 		t.Fatalf("simulate placed %d pods: %+v", len(sim.Pods), sim.Pods)
 	}
 	if table := w.kubectlDynamig("simulate", "-f", file); !strings.Contains(table, "refused before any node: container \"main\" asks for nvidia.com/gpumem 90000") ||
-		!strings.Contains(table, "0/3 nodes are available: 1 all MIG placements taken, 1 no MIG-capable GPU of the allowed type, 1 no allowlisted MIG profile big enough") {
+		!strings.Contains(table, "0/3 nodes are available: 1 all MIG placements taken, 1 no allowlisted MIG profile big enough, 1 "+inspect.ReasonNotPreFiltered) {
 		t.Errorf("simulate's table:\n%s", table)
 	}
 	for _, p := range pods {
