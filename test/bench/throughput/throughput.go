@@ -374,8 +374,8 @@ type podClass struct {
 	prefix    string
 }
 
-// runScenario runs one scenario: a scheduler from schedConfig, and, when besideConfig is set
-// (the mixed cluster), the default scheduler from it beside; one result per class of pods.
+// runScenario runs one scenario: a scheduler from schedConfig, and in the mixed cluster
+// (sc.Mixed) the default scheduler from besideConfig beside it; one result per class of pods.
 func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubernetes.Interface, schedConfig, besideConfig string,
 	seq, nodes int, q QPS, sc Scenario, cfg Config, profile bool) (_ []*Result, err error) {
 	classes := []podClass{{sc: sc, scheduler: SchedulerName, prefix: "pod"}}
@@ -438,7 +438,7 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 		return nil, err
 	}
 	stopBeside := func() {}
-	if besideConfig != "" {
+	if sc.Mixed {
 		if stopBeside, err = cluster.StartSchedulerBeside(ctx, cp, besideConfig); err != nil {
 			stopSched()
 			return nil, err
