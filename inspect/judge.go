@@ -261,22 +261,28 @@ func (p *Policy) schedulerFilters(pod *v1.Pod, c *candidate) string {
 		return ReasonNodeAffinity
 	}
 	names := p.Args.ResourceNames
-	// The GPU request's resources no node advertises: the chart has NodeResourcesFit ignore them.
-	ignored := map[v1.ResourceName]bool{v1.ResourceName(names.ResourceMemoryName): true,
+	// The GPU request's resources: DynamicMIG takes them out of NodeResourcesFit's request,
+	// checks the device count first in its Filter, and leaves memory and cores, which no node
+	// advertises, to the allocator.
+	count := v1.ResourceName(names.ResourceCountName)
+	gpu := map[v1.ResourceName]bool{count: true, v1.ResourceName(names.ResourceMemoryName): true,
 		v1.ResourceName(names.ResourceMemoryPercentageName): true, v1.ResourceName(names.ResourceCoreName): true}
-	return c.insufficient(pod, ignored)
+	if r := c.insufficient(pod, func(name v1.ResourceName) bool { return !gpu[name] }); r != "" {
+		return r
+	}
+	return c.insufficient(pod, func(name v1.ResourceName) bool { return name == count })
 }
 
-// insufficient is NodeResourcesFit's refusal: too many pods, or a requested resource the
-// node has not enough of left, or "".
-func (c *candidate) insufficient(pod *v1.Pod, ignored map[v1.ResourceName]bool) string {
+// insufficient is NodeResourcesFit's refusal for the resources it checks: too many pods, or
+// a requested resource the node has not enough of left, or "".
+func (c *candidate) insufficient(pod *v1.Pod, checks func(v1.ResourceName) bool) string {
 	alloc := c.node.Status.Allocatable
 	if max, ok := alloc[v1.ResourcePods]; ok && int64(c.pods+1) > max.Value() {
 		return ReasonTooManyPods
 	}
 	var short []string
 	for name, want := range resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{}) {
-		if want.IsZero() || ignored[name] {
+		if want.IsZero() || !checks(name) {
 			continue
 		}
 		have := alloc[name]

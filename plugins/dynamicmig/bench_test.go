@@ -8,6 +8,8 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/noderesources"
 
 	"github.com/dynamig/dynamig/api"
 )
@@ -68,5 +70,51 @@ func BenchmarkCycle1000Nodes(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		cycle()
+	}
+}
+
+// BenchmarkFitFilterGPUPod is NodeResourcesFit's Filter of a GPU pod (one device of 4000
+// MiB, one cpu) on one node with the chart's args: with the GPU request's names in Fit's
+// request, as kube-scheduler computes it, and after DynamicMIG's PreFilter took them out
+// (takeFitRequest), with DynamicMIG's check of the device count that replaces Fit's
+// (fitsDeviceCount). A scheduling cycle runs it once per node it filters.
+func BenchmarkFitFilterGPUPod(b *testing.B) {
+	node := gpuNode(b, "n", api.ModeMIG, "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB")
+	e := newEnv(b, nil, []*v1.Node{node})
+	ni := framework.NewNodeInfo()
+	ni.SetNode(node)
+	plugin, err := noderesources.NewFit(e.ctx, chartFitArgs(), e.fw, feature.Features{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	fit := plugin.(interface {
+		fwk.PreFilterPlugin
+		fwk.FilterPlugin
+	})
+	pod := withRequests(gpuPod("p", api.ModeMIG, [2]int{1, 4000}), "1")
+	for _, take := range []bool{false, true} {
+		name := "names in Fit's request"
+		if take {
+			name = "names taken"
+		}
+		b.Run(name, func(b *testing.B) {
+			state := framework.NewCycleState()
+			if _, st := fit.PreFilter(e.ctx, state, pod, nil); !st.IsSuccess() {
+				b.Fatal(st)
+			}
+			var devices int64
+			if take {
+				devices = e.pl.takeFitRequest(state)
+			}
+			b.ResetTimer()
+			for range b.N {
+				if st := fit.Filter(e.ctx, state, pod, ni); !st.IsSuccess() {
+					b.Fatal(st)
+				}
+				if st := e.pl.fitsDeviceCount(devices, ni); !st.IsSuccess() {
+					b.Fatal(st)
+				}
+			}
+		})
 	}
 }

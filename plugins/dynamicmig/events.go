@@ -8,7 +8,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -17,12 +16,14 @@ import (
 )
 
 // EventsToRegister requeues a pod this plugin refused only on events that can help it: a
-// node added or its inventory changed, a pod with GPU reservations deleted (the scheduler
-// sees a pod that ended as deleted). A heartbeat Lease renewed after it had expired is not
-// a scheduler event; the plugin's Lease handler activates the pods it refused for it.
+// node added or its inventory changed, a GPU node's allocatable device count grown (a device
+// plugin registered again: the kubelet advertises none for a moment after a restart), a pod
+// with GPU reservations deleted (the scheduler sees a pod that ended as deleted). A
+// heartbeat Lease renewed after it had expired is not a scheduler event; the plugin's Lease
+// handler activates the pods it refused for it.
 func (pl *DynamicMIG) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
 	return []fwk.ClusterEventWithHint{
-		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation}, QueueingHintFn: pl.isSchedulableAfterNodeChange},
+		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation | fwk.UpdateNodeAllocatable}, QueueingHintFn: pl.isSchedulableAfterNodeChange},
 		{Event: fwk.ClusterEvent{Resource: fwk.Pod, ActionType: fwk.Delete}, QueueingHintFn: pl.isSchedulableAfterPodDelete},
 	}, nil
 }
@@ -36,11 +37,17 @@ func (pl *DynamicMIG) isSchedulableAfterNodeChange(logger klog.Logger, pod *v1.P
 	if !has {
 		return fwk.QueueSkip, nil
 	}
-	if oldNode, ok := oldObj.(*v1.Node); ok && oldNode.Annotations[api.NodeInventoryAnnotation] == inv {
-		return fwk.QueueSkip, nil
+	oldNode, ok := oldObj.(*v1.Node)
+	if !ok || oldNode.Annotations[api.NodeInventoryAnnotation] != inv {
+		logger.V(5).Info("GPU inventory added or changed", "pod", klog.KObj(pod), "node", klog.KObj(newNode))
+		return fwk.Queue, nil
 	}
-	logger.V(5).Info("GPU inventory added or changed", "pod", klog.KObj(pod), "node", klog.KObj(newNode))
-	return fwk.Queue, nil
+	count := v1.ResourceName(pl.args.ResourceCountName)
+	if before, now := oldNode.Status.Allocatable[count], newNode.Status.Allocatable[count]; now.Cmp(before) > 0 {
+		logger.V(5).Info("GPU devices grew", "pod", klog.KObj(pod), "node", klog.KObj(newNode), "devices", now.String())
+		return fwk.Queue, nil
+	}
+	return fwk.QueueSkip, nil
 }
 
 func (pl *DynamicMIG) isSchedulableAfterPodDelete(logger klog.Logger, pod *v1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
@@ -85,51 +92,6 @@ func (pl *DynamicMIG) onLeaseEvent(_, newObj any) {
 	if len(pods) > 0 {
 		logger := klog.Background().WithName(Name)
 		logger.V(4).Info("Device plugin heartbeat is back; activating pods", "lease", klog.KObj(l), "pods", len(pods))
-		pl.handle.Activate(logger, pods)
-	}
-}
-
-// onNodeEvent activates the pending GPU pods when a node's allocatable count of GPU devices
-// grows: a device plugin registered again (after a restart the kubelet advertises none for
-// a moment), or a GPU node joined. kube-scheduler's NodeResourcesFit refused them while it
-// was zero and would requeue them itself, but its QueueingHint judges the fit without the
-// resources its args ignore, so a pod that asks for nvidia.com/gpumem, which no node
-// advertises, is never requeued by it: it would wait for the five-minute flush of
-// unschedulable pods.
-func (pl *DynamicMIG) onNodeEvent(oldObj, newObj any) {
-	n, ok := newObj.(*v1.Node)
-	if !ok {
-		return
-	}
-	count := v1.ResourceName(pl.args.ResourceCountName)
-	now := n.Status.Allocatable[count]
-	if now.IsZero() {
-		return
-	}
-	if old, ok := oldObj.(*v1.Node); ok {
-		if before := old.Status.Allocatable[count]; before.Cmp(now) >= 0 {
-			return
-		}
-	}
-	pl.activatePendingGPUPods(n, now)
-	// The scheduler's cache learns of this Node from its own informer handler, which may run
-	// after this one: a pod activated before it is tried against the old allocatable and
-	// parked again, and the Node update that follows is skipped by NodeResourcesFit's hint
-	// (above). So activate once more when the cache has surely caught up.
-	time.AfterFunc(pl.reactivateAfter, func() { pl.activatePendingGPUPods(n, now) })
-}
-
-// activatePendingGPUPods activates every GPU pod not bound yet.
-func (pl *DynamicMIG) activatePendingGPUPods(n *v1.Node, devices resource.Quantity) {
-	pods := map[string]*v1.Pod{}
-	for _, nn := range pl.pending.names() {
-		if p, err := pl.podLister.Pods(nn[0]).Get(nn[1]); err == nil && p.Spec.NodeName == "" {
-			pods[nn[0]+"/"+nn[1]] = p
-		}
-	}
-	if len(pods) > 0 {
-		logger := klog.Background().WithName(Name)
-		logger.V(4).Info("A node's GPU devices grew; activating pending GPU pods", "node", klog.KObj(n), "devices", devices.String(), "pods", len(pods))
 		pl.handle.Activate(logger, pods)
 	}
 }

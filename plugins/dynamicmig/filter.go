@@ -42,8 +42,9 @@ func (pl *DynamicMIG) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragmen
 	return []fwk.SignFragment{{Key: gpuRequestSignKey, Value: signedRequest{Request: req.Request, NodePolicy: req.NodePolicy}}}, nil
 }
 
-// PreFilter parses the pod's GPU request once, and limits the nodes it is filtered on to
-// those with a GPU of a mode it accepts (gpuNodes); pods without one are skipped.
+// PreFilter parses the pod's GPU request once, limits the nodes it is filtered on to those
+// with a GPU of a mode it accepts (gpuNodes), and takes the request's resources out of
+// NodeResourcesFit's (takeFitRequest); pods without one are skipped.
 func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	req, err := request.Parse(pod, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
 	if err != nil {
@@ -68,7 +69,7 @@ func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *
 	}
 	// The fits map has room for the nodes kube-scheduler may filter: growing it node by node
 	// costs more (BenchmarkCycle1000Nodes).
-	state.Write(stateKey, &stateData{req: req, key: string(key), now: time.Now(),
+	state.Write(stateKey, &stateData{req: req, key: string(key), now: time.Now(), devices: pl.takeFitRequest(state),
 		fits: make(map[string]*nodeFit, min(gpuNodes.Len(), maxPresizedFits)), refused: &sync.Map{}, attempt: pl.pending.start(pod)})
 	return &fwk.PreFilterResult{NodeNames: gpuNodes}, nil
 }
@@ -100,7 +101,8 @@ func (pl *DynamicMIG) largestDevice(mode string, need int, nodes []fwk.NodeInfo)
 	return largest
 }
 
-// Filter fits the pod on one node: the node's inventory minus the reservations of the pods
+// Filter fits the pod on one node: its device count against the node's allocatable, as
+// NodeResourcesFit would have, then the node's inventory minus the reservations of the pods
 // in this NodeInfo, which is what makes preemption's dry runs right.
 func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	if state.ShouldRecordPluginMetrics() {
@@ -109,6 +111,9 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 	s, err := readState(state)
 	if err != nil {
 		return fwk.AsStatus(err)
+	}
+	if status := pl.fitsDeviceCount(s.devices, nodeInfo); status != nil {
+		return status
 	}
 	node := nodeInfo.Node()
 	if status := pl.checkHeartbeat(pod, node.Name, s); status != nil {

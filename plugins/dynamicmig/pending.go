@@ -108,17 +108,6 @@ func (p *pendingPods) remove(uid types.UID) {
 	delete(p.attempts, uid)
 }
 
-// names are the namespace/name of the GPU pods not bound yet.
-func (p *pendingPods) names() [][2]string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make([][2]string, 0, len(p.attempts))
-	for _, a := range p.attempts {
-		out = append(out, [2]string{a.namespace, a.name})
-	}
-	return out
-}
-
 // count is the number of pods per reason, every reason present, among the pods that the
 // lister shows unbound. A pod whose Binding went through although Bind got an error shows
 // bound and is not counted; its attempt goes when the pod is deleted.

@@ -54,6 +54,8 @@ type DynamicMIG struct {
 	args   *config.DynamicMIGArgs
 	device *config.DeviceConfig
 	opts   placement.Options
+	// draExtendedResources: DeviceClasses may back extended resources (fitsDeviceCount).
+	draExtendedResources bool
 	// signingKey signs each reservation on its Binding (api.SignReservation); loaded as the
 	// plugin starts (loadSigningKey), or by a Bind before that succeeded (signingKeyFor).
 	signingKeyMu sync.Mutex
@@ -74,9 +76,6 @@ type DynamicMIG struct {
 	reservations *reservationCache
 	// pending holds the latest scheduling attempt of the GPU pods not bound yet.
 	pending *pendingPods
-	// reactivateAfter is when pending GPU pods are activated a second time after a node's
-	// devices grew (onNodeEvent).
-	reactivateAfter time.Duration
 	// heartbeatWaiters are pods refused because a node's device plugin heartbeat expired;
 	// they are activated when a heartbeat is renewed.
 	heartbeatWaiters sync.Map // types.UID → *v1.Pod
@@ -85,7 +84,7 @@ type DynamicMIG struct {
 
 // New builds the plugin from its args (a *config.DynamicMIGArgs, or the raw args of the
 // scheduler configuration).
-func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Features) (fwk.Plugin, error) {
+func New(ctx context.Context, obj runtime.Object, h fwk.Handle, fts feature.Features) (fwk.Plugin, error) {
 	args, err := decodeArgs(obj)
 	if err != nil {
 		return nil, err
@@ -113,12 +112,12 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 			DefaultMemory:      device.Nvidia.DefaultMemory,
 			DefaultCores:       device.Nvidia.DefaultCores,
 		},
-		inventory:       newInventoryCache(),
-		fits:            newFitCache(),
-		leaseTimes:      newLeaseTimes(),
-		reservations:    newReservationCache(),
-		pending:         newPendingPods(),
-		reactivateAfter: time.Second,
+		draExtendedResources: fts.EnableDRAExtendedResource,
+		inventory:            newInventoryCache(),
+		fits:                 newFitCache(),
+		leaseTimes:           newLeaseTimes(),
+		reservations:         newReservationCache(),
+		pending:              newPendingPods(),
 	}
 	// The heartbeat Leases: only the system namespace's Leases are watched, the node leases
 	// of kube-node-lease change every 10 s on every node and are none of our business.
@@ -133,12 +132,6 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, _ feature.Featur
 	factory := h.SharedInformerFactory()
 	pl.podLister = factory.Core().V1().Pods().Lister()
 	collector.setSource(pl, factory.Core().V1().Nodes().Lister(), pl.podLister)
-	if _, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { pl.onNodeEvent(nil, obj) },
-		UpdateFunc: pl.onNodeEvent,
-	}); err != nil {
-		return nil, fmt.Errorf("%s: watching nodes: %w", Name, err)
-	}
 	// Evict the pods a device plugin gave up on; drop in-flight reservations, scheduling
 	// attempts and heartbeat waits of deleted pods. Bound pods' reservations are dropped when
 	// a NodeInfo shows the pod with its annotation (addOccupancy): dropping them on the

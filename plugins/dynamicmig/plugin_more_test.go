@@ -530,6 +530,11 @@ func TestNodeQueueingHint(t *testing.T) {
 	changed.Annotations[api.NodeInventoryAnnotation] = restrictInventory(t, n.DeepCopy(), "1g.5gb").Annotations[api.NodeInventoryAnnotation]
 	relabelled := n.DeepCopy()
 	relabelled.Labels = map[string]string{"x": "y"}
+	// A device plugin restarting: the kubelet advertises none of its devices, then all again.
+	noDevices := n.DeepCopy()
+	noDevices.Status.Allocatable[api.ResourceCount] = resource.MustParse("0")
+	plainMore := plain.DeepCopy()
+	plainMore.Status.Allocatable = v1.ResourceList{api.ResourceCount: resource.MustParse("8")}
 	for _, tc := range []struct {
 		name     string
 		old, new *v1.Node
@@ -539,6 +544,9 @@ func TestNodeQueueingHint(t *testing.T) {
 		{"CPU node added", nil, plain, fwk.QueueSkip},
 		{"inventory changed", n, changed, fwk.Queue},
 		{"other change", n, relabelled, fwk.QueueSkip},
+		{"devices gone", n, noDevices, fwk.QueueSkip},
+		{"devices back", noDevices, n, fwk.Queue},
+		{"devices on a node without an inventory", plain, plainMore, fwk.QueueSkip},
 	} {
 		var old any
 		if tc.old != nil {
@@ -643,54 +651,6 @@ func TestNominatedPodsTakeRoom(t *testing.T) {
 	st := e.fw.RunFilterPlugins(e.ctx, state, sneak, withNominated)
 	if st.IsSuccess() || !strings.Contains(st.Message(), string(placement.ReasonPlacementsTaken)) {
 		t.Errorf("with the preemptor nominated for the whole GPU, the pod must not fit: %v", st)
-	}
-}
-
-// TestNodeDevicesBackActivatePendingPods: a GPU pod refused while a node advertised no GPU
-// devices (its device plugin restarting) is activated when the node's allocatable count
-// grows again; kube-scheduler's own hint never requeues a pod that asks for gpumem. A node
-// update that does not grow the count activates nothing.
-func TestNodeDevicesBackActivatePendingPods(t *testing.T) {
-	node := gpuNode(t, "n", api.ModeMIG, "A100-40GB")
-	e := newEnv(t, nil, []*v1.Node{node})
-	full := gpuPod("full", api.ModeMIG, [2]int{1, 40000})
-	if p, _ := e.schedule(full); p == nil {
-		t.Fatal("the whole GPU")
-	}
-	pod := gpuPod("p", api.ModeMIG, [2]int{1, 4000})
-	if p, _ := e.schedule(pod); p != nil {
-		t.Fatal("the GPU is taken: p must be refused")
-	}
-	// The node's Add activated pending pods, and does again a second later: let that pass.
-	time.Sleep(1500 * time.Millisecond)
-	update := func(devices int64) {
-		n, err := e.client.CoreV1().Nodes().Get(e.ctx, "n", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		n.Status.Allocatable[api.ResourceCount] = *resource.NewQuantity(devices, resource.DecimalSI)
-		if _, err := e.client.CoreV1().Nodes().UpdateStatus(e.ctx, n, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	before := e.activator.count("default/p")
-	update(0)
-	time.Sleep(2 * time.Second)
-	if e.activator.count("default/p") != before {
-		t.Error("devices going away activated the pod")
-	}
-	update(7)
-	// Activated at once, and once more when the scheduler's cache has surely the node: the
-	// first activation may have run before it did.
-	deadline := time.Now().Add(5 * time.Second)
-	for e.activator.count("default/p") < before+2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := e.activator.count("default/p") - before; n < 2 {
-		t.Errorf("the pending pod was activated %d times after its node's devices grew, want a second activation", n)
-	}
-	if e.activator.waitFor(t, "default/full", func() {}) {
-		t.Error("a bound pod was activated")
 	}
 }
 

@@ -26,7 +26,9 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/defaultbinder"
+	schedconfig "k8s.io/kubernetes/pkg/scheduler/apis/config"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/noderesources"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/queuesort"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 	schedmetrics "k8s.io/kubernetes/pkg/scheduler/metrics"
@@ -79,6 +81,31 @@ func (s *swappableSnapshot) StorageInfos() fwk.StorageInfoLister { return s.get(
 
 func newEnv(t testing.TB, args *config.DynamicMIGArgs, nodes []*v1.Node, objs ...runtime.Object) *env {
 	t.Helper()
+	return newEnvOf(t, args, nodes, nil, objs...)
+}
+
+// newEnvWithFit is newEnv with kube-scheduler's NodeResourcesFit at PreFilter and Filter
+// before DynamicMIG, with the chart's args (the GPU request's memory and cores ignored).
+func newEnvWithFit(t testing.TB, nodes []*v1.Node) *env {
+	t.Helper()
+	fit := func(ctx context.Context, _ runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+		return noderesources.NewFit(ctx, chartFitArgs(), h, feature.Features{})
+	}
+	return newEnvOf(t, nil, nodes, []tf.RegisterPluginFunc{tf.RegisterPluginAsExtensions(noderesources.Name, fit, "PreFilter", "Filter")})
+}
+
+// chartFitArgs are NodeResourcesFit's args in the chart's profile.
+func chartFitArgs() *schedconfig.NodeResourcesFitArgs {
+	return &schedconfig.NodeResourcesFitArgs{
+		IgnoredResources: []string{api.ResourceMemory, api.ResourceMemoryPercentage, api.ResourceCores},
+		ScoringStrategy: &schedconfig.ScoringStrategy{Type: schedconfig.LeastAllocated,
+			Resources: []schedconfig.ResourceSpec{{Name: "cpu", Weight: 1}, {Name: "memory", Weight: 1}}},
+	}
+}
+
+// newEnvOf builds the env with the plugins of before registered ahead of DynamicMIG.
+func newEnvOf(t testing.TB, args *config.DynamicMIGArgs, nodes []*v1.Node, before []tf.RegisterPluginFunc, objs ...runtime.Object) *env {
+	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
@@ -101,11 +128,10 @@ func newEnv(t testing.TB, args *config.DynamicMIGArgs, nodes []*v1.Node, objs ..
 		}
 		return p, err
 	}
-	fw, err := tf.NewFramework(ctx, []tf.RegisterPluginFunc{
-		tf.RegisterQueueSortPlugin(queuesort.Name, queuesort.New),
+	fw, err := tf.NewFramework(ctx, slices.Concat([]tf.RegisterPluginFunc{tf.RegisterQueueSortPlugin(queuesort.Name, queuesort.New)}, before, []tf.RegisterPluginFunc{
 		tf.RegisterPluginAsExtensions(Name, newPlugin, "PreFilter", "Filter", "PreScore", "Score", "Reserve", "Bind"),
 		tf.RegisterBindPlugin(defaultbinder.Name, defaultbinder.New),
-	}, "dynamig-scheduler",
+	}), "dynamig-scheduler",
 		frameworkruntime.WithClientSet(e.client),
 		frameworkruntime.WithInformerFactory(factory),
 		frameworkruntime.WithEventRecorder(e.events),

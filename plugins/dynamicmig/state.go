@@ -20,6 +20,9 @@ type stateData struct {
 	attempt *attempt
 	// now is when the cycle started; Filter judges heartbeats by it.
 	now time.Time
+	// devices is the device count taken from NodeResourcesFit's request, which Filter
+	// checks in its place (takeFitRequest); 0 when none was taken.
+	devices int64
 
 	mu   sync.Mutex
 	fits map[string]*nodeFit
@@ -55,7 +58,7 @@ type nodeFit struct {
 func (s *stateData) Clone() fwk.StateData {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := &stateData{req: s.req, key: s.key, attempt: s.attempt, now: s.now, fits: make(map[string]*nodeFit, len(s.fits)), refused: s.refused}
+	c := &stateData{req: s.req, key: s.key, attempt: s.attempt, now: s.now, devices: s.devices, fits: make(map[string]*nodeFit, len(s.fits)), refused: s.refused}
 	for k, v := range s.fits {
 		c.fits[k] = v
 	}

@@ -53,7 +53,9 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		r.Config.Pods, r.Config.CreateWorkers, SchedulerName)
 	fmt.Fprintf(w, "- Scenarios: (a) default plugins only: the shipped `manifests/scheduler-config.yaml` with DynamicMIG removed from multiPoint, "+
 		"bind reset to DefaultBinder and the pluginConfig of DynamicMIG, PodTopologySpread and InterPodAffinity dropped: kube-scheduler's default profile, "+
-		"as CPU pods get it from a cluster's default scheduler; CPU pods. (b) DynamicMIG (the shipped configuration), GPU pods. "+
+		"as CPU pods get it from a cluster's default scheduler; CPU pods. (b) DynamicMIG (the shipped configuration), GPU pods; its PreFilter takes the GPU request's resources "+
+		"out of NodeResourcesFit's request, so Fit validates no name of theirs on the nodes it filters, and its Filter checks the device count in Fit's place "+
+		"(docs/architecture.md, \"No per-node name validation for the GPU request\"). "+
 		"(c) DynamicMIG, CPU pods. (d), a reference when run (not by default; (g) supersedes it): (a) with kube-scheduler's OpportunisticBatching feature off. "+
 		"Batching (kube-scheduler's opportunistic batching, on by default): in (a) no pod is batched, since PodTopologySpread's system default constraints "+
 		"(defaultingType System, kube-scheduler's default) refuse to sign every pod, so (b)/(d) is the same comparison as (b)/(a); the shipped profile "+
@@ -65,7 +67,8 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		"HAMi v2.10 itself makes more (it patches the pod in filter and locks the node with a Node write). "+
 		"(f): (b) plus the device plugin's write for each pod (below), made in the same process. "+
 		"(g), a reference: (b)'s GPU pods under (a)'s default plugins, batching off: kube-scheduler's own cost for a pod with extended resources "+
-		"(NodeResourcesFit validates each extended resource name on every node it filters) that is never batched; (b)/(g) is what DynamicMIG adds to it.\n")
+		"(NodeResourcesFit validates each extended resource name on every node it filters) that is never batched; (b)/(g) is what DynamicMIG adds to it, "+
+		"or saves (batching, and Fit's name validation taken away).\n")
 	fmt.Fprintf(w, "- Order at each size and QPS: %s. (b) runs after the scenarios it is compared with ((f), which only adds writes, after it), because whatever runs after a GPU scenario may run slower, whichever plugins it runs: "+
 		"measured at 1000 nodes and QPS 5000 in the order a, b, c, (c) reached 0.85 of (a), and in the order c, a, b (c) reached 1.01 of (a). "+
 		"Between scenarios the pods and events are deleted, etcd is compacted and the Go heap collected.\n", orderList(r.Config))
