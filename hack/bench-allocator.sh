@@ -7,7 +7,7 @@ out=docs/benchmarks/allocator.md
 cmd="go test -run '^\$' -bench . -benchmem -count 5 ./plugins/dynamicmig/placement/"
 raw=$(eval "$cmd")
 # NodeResourcesFit's Filter of a GPU pod, with and without the GPU request's names in its
-# request (DynamicMIG takes them out): both variants interleaved in each of the 5 runs.
+# request (DynamicMIG takes them out): both variants in one process, each 5 times.
 fitcmd="go test -run '^\$' -bench BenchmarkFitFilterGPUPod -benchmem -count 5 ./plugins/dynamicmig/"
 fitraw=$(eval "$fitcmd" | grep -v '^[IWE][0-9]')
 {
