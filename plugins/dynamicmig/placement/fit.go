@@ -216,8 +216,7 @@ func fitMIG(gpus []GPU, req *Request, opts Options) (*Result, refusal) {
 				if s == nil {
 					continue
 				}
-				demand := migDemand{memoryMiB: deviceMemory(c, s.g.fullMemory(), opts.DefaultMemory), cores: deviceCores(c, opts.DefaultCores)}
-				choice, r := s.g.choose(&s.u, demand, opts.FragmentationAware, false)
+				choice, r := s.g.choose(&s.u, migDemandOf(c, s.g, opts), opts.FragmentationAware, false)
 				if r.reason != ReasonNone {
 					continue
 				}
@@ -232,8 +231,7 @@ func fitMIG(gpus []GPU, req *Request, opts Options) (*Result, refusal) {
 					if s == nil {
 						continue
 					}
-					demand := migDemand{memoryMiB: deviceMemory(c, s.g.fullMemory(), opts.DefaultMemory), cores: deviceCores(c, opts.DefaultCores)}
-					_, r := s.g.choose(&s.u, demand, opts.FragmentationAware, true)
+					_, r := s.g.choose(&s.u, migDemandOf(c, s.g, opts), opts.FragmentationAware, true)
 					deviceWhy = deviceWhy.closer(refusal{reason: r.reason, detail: gpus[i].Info.ID + ": " + r.detail})
 				}
 				deviceWhy.detail = fmt.Sprintf("container %d device %d: %s", c.Index, d, deviceWhy.detail)
@@ -285,7 +283,6 @@ func betterMIG(a, b *migCandidate, spread bool) bool {
 	return a.gpu < b.gpu
 }
 
-// deviceMemory resolves a device's memory against a device of deviceMiB.
 // deviceCores is the cores percentage a device needs: the container's, else the device
 // config's defaultCores (HAMi's default for a request that names no gpucores).
 func deviceCores(c ContainerRequest, defaultCores int) int {
@@ -295,6 +292,19 @@ func deviceCores(c ContainerRequest, defaultCores int) int {
 	return defaultCores
 }
 
+// migDemandOf is what one device of c needs of the MIG GPU g. A memory percentage (without
+// gpumem, which wins) asks for that share of the GPU (shareDemand), not of the full profile's
+// MiB as HAMi v2.10 reads it: there 50 % of an A100-40GB's 40,192 MiB is just above the
+// 19,968 MiB of the 20 GB profiles and takes the whole GPU.
+func migDemandOf(c ContainerRequest, g *migGPU, opts Options) migDemand {
+	cores := deviceCores(c, opts.DefaultCores)
+	if c.MemoryMiB == 0 && c.MemoryPercent > 0 {
+		return g.shareDemand(c.MemoryPercent, cores)
+	}
+	return migDemand{memoryMiB: deviceMemory(c, g.fullMemory(), opts.DefaultMemory), cores: cores}
+}
+
+// deviceMemory resolves a device's memory against a device of deviceMiB.
 func deviceMemory(c ContainerRequest, deviceMiB, defaultMemory int) int {
 	switch {
 	case c.MemoryMiB > 0:

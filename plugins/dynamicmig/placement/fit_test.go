@@ -147,9 +147,10 @@ func TestRequestResolution(t *testing.T) {
 	}{
 		{"whole GPU by default", ContainerRequest{Devices: 1}, defaultOpts, "7g.40gb"},
 		{"default memory", ContainerRequest{Devices: 1}, Options{FragmentationAware: true, DefaultMemory: 5000}, "2g.10gb"},
-		// 50% of the full profile's 40192 MiB is 20096, more than 3g.20gb's 19968.
-		{"percentage of the full profile", ContainerRequest{Devices: 1, MemoryPercent: 49}, defaultOpts, "3g.20gb"},
-		{"percentage above a profile", ContainerRequest{Devices: 1, MemoryPercent: 50}, defaultOpts, "7g.40gb"},
+		// A share of the GPU's memory slots: 50 % is 4 of 8 (as 20096 MiB, 50 % of the full
+		// profile's 40192, it would be more than 3g.20gb's 19968 and take the whole GPU).
+		{"half the GPU", ContainerRequest{Devices: 1, MemoryPercent: 50}, defaultOpts, "3g.20gb"},
+		{"just over half", ContainerRequest{Devices: 1, MemoryPercent: 51}, defaultOpts, "7g.40gb"},
 		{"100 percent", ContainerRequest{Devices: 1, MemoryPercent: 100}, defaultOpts, "7g.40gb"},
 		{"memory wins over percentage", ContainerRequest{Devices: 1, MemoryMiB: 1000, MemoryPercent: 100}, defaultOpts, "1g.5gb"},
 		{"cores shape the profile", ContainerRequest{Devices: 1, MemoryMiB: 1000, Cores: 30}, defaultOpts, "3g.20gb"},
@@ -163,6 +164,63 @@ func TestRequestResolution(t *testing.T) {
 			if got := res.Assignments[0].Profile; got != tc.profile {
 				t.Errorf("got %s, want %s", got, tc.profile)
 			}
+		})
+	}
+}
+
+// TestMemoryShareEveryModel: a memory percentage on MIG is that share of the GPU, on every
+// modelled GPU with HAMi's default allowlist, and with every plain profile allowed, where the
+// profile of a span with the most compute comes first (the H200's 4g.71gb has 64 of 132 SMs).
+func TestMemoryShareEveryModel(t *testing.T) {
+	percents := []int{10, 25, 50, 75, 100}
+	defaults := map[string][5]string{
+		"A30-24GB":                      {"1g.6gb", "1g.6gb", "2g.12gb", "4g.24gb", "4g.24gb"},
+		"A100-40GB":                     {"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb", "7g.40gb"},
+		"A100-80GB":                     {"1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb", "7g.80gb"},
+		"H100-80GB":                     {"1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb", "7g.80gb"},
+		"H100-94GB":                     {"1g.12gb", "2g.24gb", "3g.47gb", "7g.94gb", "7g.94gb"},
+		"GH200-96GB":                    {"1g.12gb", "2g.24gb", "3g.48gb", "7g.96gb", "7g.96gb"},
+		"H20-96GB":                      {"1g.12gb", "2g.24gb", "3g.48gb", "7g.96gb", "7g.96gb"},
+		"H200-141GB":                    {"1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb", "7g.141gb"},
+		"B200-180GB":                    {"1g.23gb", "2g.45gb", "3g.90gb", "7g.180gb", "7g.180gb"},
+		"RTX-PRO-6000-Blackwell-Server": {"1g.24gb", "1g.24gb", "2g.48gb", "4g.96gb", "4g.96gb"},
+	}
+	everyPlain := map[string][5]string{
+		"A100-40GB":  {"1g.5gb", "2g.10gb", "4g.20gb", "7g.40gb", "7g.40gb"},
+		"H200-141GB": {"1g.18gb", "2g.35gb", "4g.71gb", "7g.141gb", "7g.141gb"},
+	}
+	check := func(t *testing.T, gpus []GPU, want [5]string) {
+		for i, pct := range percents {
+			res, why := Fit(gpus, &Request{Mode: api.ModeMIG, Containers: []ContainerRequest{{Devices: 1, MemoryPercent: pct}}}, defaultOpts)
+			got := ""
+			if why == nil {
+				got = res.Assignments[0].Profile
+			} else if why.Reason != ReasonNoProfile {
+				t.Errorf("%d %%: refused for %s, want %s", pct, why.Reason, ReasonNoProfile)
+			}
+			if got != want[i] {
+				t.Errorf("%d %%: %q, want %q", pct, got, want[i])
+			}
+		}
+	}
+	for _, m := range config.Models() {
+		want, ok := defaults[m.Key]
+		if !ok {
+			t.Errorf("model %s: no expected profiles", m.Key)
+			continue
+		}
+		t.Run(m.Key, func(t *testing.T) { check(t, inventoryOf(t, "", "", m.Key), want) })
+	}
+	for key, want := range everyPlain {
+		t.Run(key+" every plain profile", func(t *testing.T) {
+			m, _ := config.LookupModel(key)
+			var plain []string
+			for _, p := range m.Profiles {
+				if !strings.ContainsAny(p.Name, "+-") {
+					plain = append(plain, p.Name)
+				}
+			}
+			check(t, inventoryOf(t, "", strings.Join(plain, ","), key), want)
 		})
 	}
 }

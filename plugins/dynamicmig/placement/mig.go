@@ -39,11 +39,16 @@ type migProfile struct {
 // published inventory (see prepared) and only read afterwards.
 type migGPU struct {
 	slots      int
-	fullMiB    int // the full-GPU profile's memory, the base of percentages
+	fullMiB    int // the full-GPU profile's memory: a device of a request that names no memory
 	all        slotMask
 	maxGIs     int // 0: no limit published
 	fullSlices int
 	profiles   []migProfile // as published: by memory, then slices
+	// byShare orders the profiles for a share of the GPU (shareDemand): by the memory slots
+	// they span, then the most compute first.
+	byShare []int
+	// inOrder is 0, 1, … len(profiles)-1: the order of a demand in MiB.
+	inOrder []int
 }
 
 // migUsage is what is placed on a MIG GPU; a value, copied to evaluate a candidate.
@@ -133,6 +138,14 @@ func newMIGGPU(info *api.GPU) *migGPU {
 	slices.SortStableFunc(g.profiles, func(a, b migProfile) int {
 		return cmp.Or(cmp.Compare(a.pub.MemoryMB, b.pub.MemoryMB), cmp.Compare(a.slices, b.slices),
 			cmp.Compare(variantRank[a.name.Variant], variantRank[b.name.Variant]))
+	})
+	for i := range g.profiles {
+		g.inOrder = append(g.inOrder, i)
+	}
+	g.byShare = slices.Clone(g.inOrder)
+	slices.SortStableFunc(g.byShare, func(a, b int) int {
+		pa, pb := &g.profiles[a], &g.profiles[b]
+		return cmp.Or(cmp.Compare(pa.size, pb.size), cmp.Compare(pb.slices, pa.slices), cmp.Compare(pa.pub.MemoryMB, pb.pub.MemoryMB))
 	})
 	return g
 }
@@ -332,6 +345,8 @@ type migChoice struct {
 type migDemand struct {
 	memoryMiB int
 	cores     int
+	// slots is the least number of memory slots the profile spans (a memory percentage).
+	slots int
 }
 
 // choose picks the profile and placement for one device, or says why none fits. With
@@ -348,9 +363,13 @@ func (g *migGPU) choose(u *migUsage, d migDemand, fragmentationAware, explain bo
 	}
 	var why refusal
 	bigEnough := false
-	for i := range g.profiles {
+	order := g.inOrder
+	if d.slots > 0 {
+		order = g.byShare
+	}
+	for _, i := range order {
 		p := &g.profiles[i]
-		if p.pub.MemoryMB < d.memoryMiB || p.pub.Core < d.cores || len(p.masks) == 0 {
+		if p.pub.MemoryMB < d.memoryMiB || p.pub.Core < d.cores || p.size < d.slots || len(p.masks) == 0 {
 			continue
 		}
 		bigEnough = true
@@ -403,7 +422,11 @@ func (g *migGPU) choose(u *migUsage, d migDemand, fragmentationAware, explain bo
 	if !bigEnough {
 		r := refusal{reason: ReasonNoProfile}
 		if explain {
-			r.detail = fmt.Sprintf("no allowlisted profile has %d MiB and %d%% of the cores (largest: %s)", d.memoryMiB, d.cores, g.largestProfile())
+			if d.slots > 0 {
+				r.detail = fmt.Sprintf("no allowlisted profile spans %d of the %d memory slots with %d%% of the cores (largest: %s)", d.slots, g.slots, d.cores, g.largestProfile())
+			} else {
+				r.detail = fmt.Sprintf("no allowlisted profile has %d MiB and %d%% of the cores (largest: %s)", d.memoryMiB, d.cores, g.largestProfile())
+			}
 		}
 		return migChoice{}, r
 	}
@@ -418,7 +441,16 @@ func (g *migGPU) largestProfile() string {
 	return fmt.Sprintf("%s, %d MiB, %d%% cores", p.Name, p.MemoryMB, p.Core)
 }
 
-// fullMemory is the memory of the full-GPU profile, the base of memory percentages.
+// shareDemand is a device of percent of the GPU: a profile that spans at least that share of
+// its memory slots (50 % of 8: 4), the smallest span first and within a span the most compute
+// first (choose, byShare): on an A100-40GB 50 % is a 4g.20gb, or a 3g.20gb where the allowlist
+// has no 4g (HAMi's default) or the 4g has no room, and 25 % a 2g.10gb before a 1g.10gb. cores
+// is the container's own.
+func (g *migGPU) shareDemand(percent, cores int) migDemand {
+	return migDemand{slots: (percent*g.slots + 99) / 100, cores: cores}
+}
+
+// fullMemory is the memory of the full-GPU profile, which a request naming no memory asks.
 func (g *migGPU) fullMemory() int { return g.fullMiB }
 
 // utilisation is the share of memory slots in use, in [0,1].
