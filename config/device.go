@@ -53,8 +53,9 @@ type NvidiaConfig struct {
 	// the same way): on hami-core the share's SM limit, on MIG the least SM share of the
 	// profile; 100 makes every such share exclusive.
 	DefaultCores int `json:"defaultCores"`
-	// DefaultGPUNum is the nvidia.com/gpu count given to a container that asks for gpumem
-	// or gpucores alone (HAMi's webhook); dynamig refuses such containers instead.
+	// DefaultGPUNum is the nvidia.com/gpu count the webhook gives a container that asks for
+	// gpumem, gpumem-percentage or gpucores in its limits without one, as HAMi's does; 0
+	// gives none, and such a container is refused.
 	DefaultGPUNum       int     `json:"defaultGPUNum"`
 	DeviceSplitCount    int     `json:"deviceSplitCount"`
 	DeviceMemoryScaling float64 `json:"deviceMemoryScaling"`

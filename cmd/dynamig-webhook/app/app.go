@@ -205,9 +205,12 @@ func (o *Options) Run(ctx context.Context) error {
 		}
 		mgr.GetWebhookServer().Register(dynamigwebhook.Path, &webhook.Admission{Handler: &dynamigwebhook.SchedulerNameSetter{SchedulerNameSetter: mutation.SchedulerNameSetter{
 			Resource: v1.ResourceName(dev.Nvidia.ResourceCountName), SchedulerName: o.SchedulerName, Replace: o.Replace,
+			Shares: []v1.ResourceName{v1.ResourceName(dev.Nvidia.ResourceMemoryName), v1.ResourceName(dev.Nvidia.ResourceMemoryPercentageName),
+				v1.ResourceName(dev.Nvidia.ResourceCoreName)},
+			DefaultGPUNum: dev.Nvidia.DefaultGPUNum,
 		}}})
 		close(serving)
-		logger.Info("Serving the webhook", "address", o.BindAddress, "path", dynamigwebhook.Path, "resource", dev.Nvidia.ResourceCountName, "schedulerName", o.SchedulerName)
+		logger.Info("Serving the webhook", "address", o.BindAddress, "path", dynamigwebhook.Path, "resource", dev.Nvidia.ResourceCountName, "schedulerName", o.SchedulerName, "defaultGPUNum", dev.Nvidia.DefaultGPUNum)
 	}()
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err

@@ -49,3 +49,11 @@ system:serviceaccount:{{ .root.Release.Namespace }}:{{ .sa }}
   '{{ .Values.resourceName }}' in c.?resources.?limits.orValue({}) ||
   '{{ .Values.resourceName }}' in c.?resources.?requests.orValue({}))
 {{- end }}
+
+{{/* The webhook's condition: asksForGPU, or a regular container asking for GPU memory or
+cores in its limits, which the webhook gives the device config's defaultGPUNum devices. */}}
+{{- define "dynamig.asksForGPUOrShare" -}}
+{{ include "dynamig.asksForGPU" . }} ||
+object.spec.containers.exists(c, ['{{ .Values.resourceMem }}', '{{ .Values.resourceMemPercentage }}', '{{ .Values.resourceCores }}'].exists(r,
+  r in c.?resources.?limits.orValue({})))
+{{- end }}
