@@ -266,7 +266,8 @@ func (p *Policy) schedulerFilters(pod *v1.Pod, c *candidate) string {
 	// advertises, to the allocator.
 	count := v1.ResourceName(names.ResourceCountName)
 	gpu := map[v1.ResourceName]bool{count: true, v1.ResourceName(names.ResourceMemoryName): true,
-		v1.ResourceName(names.ResourceMemoryPercentageName): true, v1.ResourceName(names.ResourceCoreName): true}
+		v1.ResourceName(names.ResourceMemoryPercentageName): true, v1.ResourceName(names.ResourceCoreName): true,
+		v1.ResourceName(p.Device.Nvidia.ResourcePriorityName): true}
 	if r := c.insufficient(pod, func(name v1.ResourceName) bool { return !gpu[name] }); r != "" {
 		return r
 	}

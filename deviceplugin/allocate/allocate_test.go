@@ -74,6 +74,8 @@ type env struct {
 	nextIDs int
 	// key signs the reservations as the scheduler does; the Allocator accepts it.
 	key ed25519.PrivateKey
+	// mounts are the container paths of the last started container's mounts.
+	mounts []string
 }
 
 func newEnv(t *testing.T, objs ...runtime.Object) *env {
@@ -215,6 +217,10 @@ func (e *env) startOn(ids []string, cdiOn bool) (map[string]string, error) {
 	for _, kv := range spec.Process.Env {
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
+	}
+	e.mounts = nil
+	for _, m := range spec.Mounts {
+		e.mounts = append(e.mounts, m.Destination+"="+m.Source)
 	}
 	return env, nil
 }
@@ -698,12 +704,13 @@ func TestRebootRecreatesAtTheReservedPlacement(t *testing.T) {
 
 func TestHAMiCorePreStart(t *testing.T) {
 	e := newEnv(t)
-	e.a.opts.HAMiCore = HAMiCoreOptions{HostDir: "/opt/hami", MemoryScaling: 1.5}
+	e.a.opts.HAMiCore = HAMiCoreOptions{HostDir: "/opt/hami", MemoryScaling: 1.5, LockDir: "/run/dynamig/vgpulock", CorePolicy: "force", LogLevel: 1, Priority: api.ResourcePriority}
 	always := v1.ContainerRestartPolicyAlways
 	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "core", Namespace: "default", UID: "uid-core", Annotations: map[string]string{api.BindPhaseAnnotation: api.BindPhaseAllocating}},
 		Spec: v1.PodSpec{NodeName: node, InitContainers: []v1.Container{{Name: "side", RestartPolicy: &always}}, Containers: []v1.Container{
-			{Name: "a", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("2")}}},
-			{Name: "b", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("1")}}},
+			{Name: "a", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("2"), api.ResourcePriority: resource.MustParse("1")}}},
+			{Name: "b", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.ResourceCount: resource.MustParse("1")}},
+				Env: []v1.EnvVar{{Name: "CUDA_DISABLE_CONTROL", Value: "false"}, {Name: "CUDA_DISABLE_CONTROL", Value: "true"}}},
 		}}}
 	raw := api.EncodeHAMiCoreDevices([][]api.HAMiCoreDevice{nil,
 		{{UUID: "GPU-1", Type: "NVIDIA", MemoryMiB: 3000, Cores: 30}, {UUID: "GPU-2", Type: "NVIDIA", MemoryMiB: 3000, Cores: 30}},
@@ -718,11 +725,18 @@ func TestHAMiCorePreStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{"NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-2", "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m", "CUDA_DEVICE_MEMORY_LIMIT_1": "3000m",
-		"CUDA_DEVICE_SM_LIMIT": "30", "CUDA_OVERSUBSCRIBE": "true"}
+		"CUDA_DEVICE_SM_LIMIT": "30", "CUDA_OVERSUBSCRIBE": "true", "CUDA_TASK_PRIORITY": "1", "GPU_CORE_UTILIZATION_POLICY": "force", "LIBCUDA_LOG_LEVEL": "1"}
 	for k, v := range want {
 		if first[k] != v {
 			t.Errorf("%s=%q, want %q", k, first[k], v)
 		}
+	}
+	// HAMi's mounts: the library, the pod's cache directory, the node's lock directory, and
+	// the preload of a container that does not disable it.
+	wantMounts := []string{"/usr/local/vgpu/libvgpu.so=/opt/hami/libvgpu.so", "/usr/local/vgpu=/opt/hami/containers/uid-core",
+		"/tmp/vgpulock=/run/dynamig/vgpulock", "/etc/ld.so.preload=/opt/hami/ld.so.preload"}
+	if !slices.Equal(slices.Sorted(slices.Values(e.mounts)), slices.Sorted(slices.Values(wantMounts))) {
+		t.Errorf("mounts %v, want %v", e.mounts, wantMounts)
 	}
 	expectEvents(t, e.drain(),
 		wantEvent{"Normal " + ReasonShareAssigned, []string{`container "a" device 0: hami-core share of GPU-1: 3000 MiB, 30% of its cores`}},
@@ -733,6 +747,9 @@ func TestHAMiCorePreStart(t *testing.T) {
 	second, err := e.start(b)
 	if err != nil || second["NVIDIA_VISIBLE_DEVICES"] != "GPU-1" || second["CUDA_DEVICE_MEMORY_LIMIT_0"] != "1000m" {
 		t.Fatalf("second container: %+v %v", second, err)
+	}
+	if _, ok := second["CUDA_TASK_PRIORITY"]; ok || slices.ContainsFunc(e.mounts, func(m string) bool { return strings.HasPrefix(m, "/etc/ld.so.preload=") }) {
+		t.Errorf("b (no priority, CUDA_DISABLE_CONTROL=true): %v, mounts %v", second, e.mounts)
 	}
 	got := e.get("core")
 	if got.Annotations[api.BindPhaseAnnotation] != api.BindPhaseSuccess || got.Annotations[api.DevicesToAllocateAnnotation] != ";;;" {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -70,6 +71,10 @@ type Options struct {
 	EnableMIGMode bool
 	// HAMiCoreHostDir holds HAMi-core's libvgpu.so and ld.so.preload on the host.
 	HAMiCoreHostDir string
+	// HAMiCoreLockDir is the host directory hami-core containers share HAMi-core's lock files
+	// in (their /tmp/vgpulock); the plugin makes it, writable by every user as HAMi makes
+	// it. "" mounts none.
+	HAMiCoreLockDir string
 	// DeviceEdits says what a container gets for its devices (default cdi.EnvOnly:
 	// NVIDIA_VISIBLE_DEVICES only).
 	DeviceEdits cdi.DeviceEdits
@@ -172,10 +177,19 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	runtimeCDI := &runtimecdi.Watcher{Endpoints: endpoints, OnChange: func(v runtimecdi.Verdict) { runtimeCDIEvent(recorder, opts.NodeName, v) }}
 	runtimeCDI.Check(ctx)
+	if dir := opts.HAMiCoreLockDir; dir != "" {
+		// Sticky and writable by all, as /tmp: HAMi makes it 0777; any container user locks.
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("HAMi-core's lock directory: %w", err)
+		}
+		if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
+			return fmt.Errorf("HAMi-core's lock directory: %w", err)
+		}
+	}
 	alloc, err := allocate.New(allocate.Options{NodeName: opts.NodeName, Client: opts.Client, Names: opts.DeviceConfig.Nvidia.ResourceNames,
 		Instances: mgr, Checkpoint: cp, Verifier: verifier, Owners: owners, Specs: specDir, DeviceEdits: opts.DeviceEdits, Pods: pods.Lister(), Recorder: recorder,
 		PreemptionWait: opts.PreemptionWait, RuntimeCDI: runtimeCDI.Current,
-		HAMiCore: allocate.HAMiCoreOptions{HostDir: opts.HAMiCoreHostDir, MemoryScaling: memoryScaling(opts.DeviceConfig, opts.NodeName)}})
+		HAMiCore: hamiCoreOptions(opts)})
 	if err != nil {
 		return err
 	}
@@ -281,6 +295,19 @@ func enableMIGMode(ctx context.Context, lib nvml.Interface) error {
 		}
 	}
 	return nil
+}
+
+// hamiCoreOptions are HAMi-core's settings from the options and the device config (HAMi's
+// keys: gpuCorePolicy, disablecorelimit "true" meaning the policy disable, libCudaLogLevel,
+// resourcePriorityName).
+func hamiCoreOptions(opts Options) allocate.HAMiCoreOptions {
+	nv := opts.DeviceConfig.Nvidia
+	policy := nv.GPUCorePolicy
+	if on, err := strconv.ParseBool(nv.DisableCoreLimit); err == nil && on {
+		policy = "disable"
+	}
+	return allocate.HAMiCoreOptions{HostDir: opts.HAMiCoreHostDir, LockDir: opts.HAMiCoreLockDir, MemoryScaling: memoryScaling(opts.DeviceConfig, opts.NodeName),
+		CorePolicy: policy, LogLevel: nv.LibCudaLogLevel, Priority: v1.ResourceName(nv.ResourcePriorityName)}
 }
 
 // memoryScaling is the node's deviceMemoryScaling (nodeconfig first, then the nvidia section).

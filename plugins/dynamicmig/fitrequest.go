@@ -18,14 +18,15 @@ type scalarRequests interface {
 	GetScalarResources() map[v1.ResourceName]int64
 }
 
-// takeFitRequest takes the GPU request's resources out of NodeResourcesFit's request for
-// this cycle and returns the device count it held (0: none taken). NodeResourcesFit
-// validates every extended resource's name on every node it filters (a Sprintf, a Split and
-// two regular expressions per name, before it looks at ignoredResources), three or four per
-// GPU pod; DynamicMIG's Filter checks the count in its place (fitsDeviceCount), and the
-// allocator fits memory and cores, which the chart has NodeResourcesFit ignore. Fit's
-// PreFilter runs before DynamicMIG's (the default plugins come first in multiPoint); where
-// it has not, nothing is taken and Fit checks all of them itself.
+// takeFitRequest takes the GPU request's resources and HAMi-core's task priority out of
+// NodeResourcesFit's request for this cycle and returns the device count it held (0: none
+// taken). NodeResourcesFit validates every extended resource's name on every node it filters
+// (a Sprintf, a Split and two regular expressions per name, before it looks at
+// ignoredResources), three or four per GPU pod; DynamicMIG's Filter checks the count in its
+// place (fitsDeviceCount), the allocator fits memory and cores, and the device plugin reads
+// the priority, which the chart has NodeResourcesFit ignore. Fit's PreFilter runs before
+// DynamicMIG's (the default plugins come first in multiPoint); where it has not, nothing is
+// taken and Fit checks all of them itself.
 func (pl *DynamicMIG) takeFitRequest(state fwk.CycleState) int64 {
 	data, err := state.Read(fitRequestKey)
 	if err != nil {
@@ -38,7 +39,8 @@ func (pl *DynamicMIG) takeFitRequest(state fwk.CycleState) int64 {
 	scalars := fit.GetScalarResources()
 	count := v1.ResourceName(pl.args.ResourceCountName)
 	devices := scalars[count]
-	for _, name := range []string{pl.args.ResourceCountName, pl.args.ResourceMemoryName, pl.args.ResourceMemoryPercentageName, pl.args.ResourceCoreName} {
+	for _, name := range []string{pl.args.ResourceCountName, pl.args.ResourceMemoryName, pl.args.ResourceMemoryPercentageName, pl.args.ResourceCoreName,
+		pl.device.Nvidia.ResourcePriorityName} {
 		delete(scalars, v1.ResourceName(name))
 	}
 	return devices

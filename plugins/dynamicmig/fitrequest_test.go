@@ -22,15 +22,17 @@ func withRequests(p *v1.Pod, cpu string) *v1.Pod {
 	return p
 }
 
-// TestTakeFitRequest: DynamicMIG's PreFilter takes the GPU request's resources out of
-// NodeResourcesFit's request (cpu stays), and its Filter refuses a node short of devices as
+// TestTakeFitRequest: DynamicMIG's PreFilter takes the GPU request's resources and
+// HAMi-core's priority out of NodeResourcesFit's request (cpu stays), and its Filter refuses a node short of devices as
 // NodeResourcesFit did: Unschedulable while the node's pods hold them, UnschedulableAndUnresolvable
 // beyond the allocatable count; NodeResourcesFit still refuses the cpu it lacks.
 func TestTakeFitRequest(t *testing.T) {
 	node := gpuNode(t, "n", api.ModeMIG, "A100-40GB")
 	e := newEnvWithFit(t, []*v1.Node{node})
 
-	first := withRequests(gpuPod("first", api.ModeMIG, [2]int{1, 4000}), "1")
+	first := gpuPod("first", api.ModeMIG, [2]int{1, 4000})
+	first.Spec.Containers[0].Resources.Limits[api.ResourcePriority] = resource.MustParse("1")
+	first = withRequests(first, "1")
 	state, chosen, statuses := e.cycle(first)
 	if chosen != "n" {
 		t.Fatalf("first: not scheduled: %s", reasons(statuses))
@@ -40,7 +42,7 @@ func TestTakeFitRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	scalars := data.(scalarRequests).GetScalarResources()
-	for _, name := range []string{api.ResourceCount, api.ResourceMemory} {
+	for _, name := range []string{api.ResourceCount, api.ResourceMemory, api.ResourcePriority} {
 		if _, ok := scalars[v1.ResourceName(name)]; ok {
 			t.Errorf("NodeResourcesFit's request still holds %s: %v", name, scalars)
 		}

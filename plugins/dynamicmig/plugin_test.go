@@ -97,7 +97,7 @@ func newEnvWithFit(t testing.TB, nodes []*v1.Node) *env {
 // chartFitArgs are NodeResourcesFit's args in the chart's profile.
 func chartFitArgs() *schedconfig.NodeResourcesFitArgs {
 	return &schedconfig.NodeResourcesFitArgs{
-		IgnoredResources: []string{api.ResourceMemory, api.ResourceMemoryPercentage, api.ResourceCores},
+		IgnoredResources: []string{api.ResourceMemory, api.ResourceMemoryPercentage, api.ResourceCores, api.ResourcePriority},
 		ScoringStrategy: &schedconfig.ScoringStrategy{Type: schedconfig.LeastAllocated,
 			Resources: []schedconfig.ResourceSpec{{Name: "cpu", Weight: 1}, {Name: "memory", Weight: 1}}},
 	}

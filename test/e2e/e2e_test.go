@@ -513,6 +513,41 @@ func TestSmallestProfileAcrossModels(t *testing.T) {
 	}
 }
 
+// TestHAMiUsersPods: pods written as a HAMi user writes them, naming no scheduler and no
+// nvidia.com/gpu, run: the webhook gives each container defaultGPUNum (1) devices, in its
+// limits and requests, and the pod dynamig-scheduler. One asks for 8000 MiB (HAMi's profile:
+// the smallest allowlisted one with the memory, a 2g.10gb), one for 50 % of the GPU (half of
+// it: a 20 GB profile, the 3g.20gb of HAMi's default allowlist, not the 7g.40gb that 50 % of
+// its MiB would take).
+func TestHAMiUsersPods(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB"))
+	asHAMiUser := func(name string, r v1.ResourceName, v int64) *v1.Pod {
+		p := pod(name, "", 1, 0)
+		p.Spec.SchedulerName = ""
+		p.Spec.Containers[0].Resources.Limits = v1.ResourceList{r: *resource.NewQuantity(v, resource.DecimalSI)}
+		return p
+	}
+	for _, p := range []*v1.Pod{asHAMiUser("gpumem-only", api.ResourceMemory, 8000), asHAMiUser("half", api.ResourceMemoryPercentage, 50)} {
+		created, err := w.C.CoreV1().Pods("default").Create(w.Ctx, p, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := created.Spec.Containers[0].Resources
+		if created.Spec.SchedulerName != api.DefaultSchedulerName || res.Limits.Name(api.ResourceCount, resource.DecimalSI).Value() != 1 ||
+			res.Requests.Name(api.ResourceCount, resource.DecimalSI).Value() != 1 {
+			t.Errorf("%s: schedulerName %q, resources %v, want %s and %s: 1 in limits and requests", p.Name, created.Spec.SchedulerName, res, api.DefaultSchedulerName, api.ResourceCount)
+		}
+	}
+	recs := w.running("gpumem-only", "half")
+	for name, want := range map[string]string{"gpumem-only": "2g.10gb", "half": "3g.20gb"} {
+		if r := recs[name]; len(r) != 1 || r[0].Profile != want {
+			t.Errorf("%s: %v, want one %s", name, r, want)
+		}
+		w.seesOwnDevices(name, "main", recs[name])
+	}
+	noOverlap(t, recs)
+}
+
 func TestModeRouting(t *testing.T) {
 	w := start(t) // mig-node and core-node
 	w.Create(pod("m", "mig", 1, 4000), pod("h", "hami-core", 1, 4000), pod("either", "", 1, 4000))

@@ -108,6 +108,8 @@ profiles:
       - {{ .Values.resourceMem }}
       - {{ .Values.resourceMemPercentage }}
       - {{ .Values.resourceCores }}
+      # HAMi-core's task priority (a hami-core container's limit), no resource either.
+      - {{ .Values.resourcePriority }}
   # Batching: kube-scheduler reuses one pod's filtering and scoring for the next identical
   # pod only if every plugin signs the pod. PodTopologySpread refuses any pod while it has
   # default constraints (defaultingType System), InterPodAffinity signs pod labels unless
