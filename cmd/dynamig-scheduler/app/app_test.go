@@ -134,7 +134,7 @@ func TestShippedSchedulerConfig(t *testing.T) {
 	if !ok {
 		t.Fatalf("NodeResourcesFit args are %T", pluginArgs(t, prof, "NodeResourcesFit"))
 	}
-	wantIgnored := []string{"nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"}
+	wantIgnored := []string{"nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores", "nvidia.com/priority"}
 	if !slices.Equal(fit.IgnoredResources, wantIgnored) {
 		t.Errorf("NodeResourcesFit ignoredResources = %v, want %v", fit.IgnoredResources, wantIgnored)
 	}
