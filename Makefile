@@ -73,7 +73,7 @@ FUZZ_TARGETS := \
 	./nvml/sim:FuzzRestore:6000x \
 	./webhook/mutation:FuzzDecide
 
-.PHONY: all build kubelet test test-minors test-minor test-kubelet test-preview modfiles print-k8s unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-burst kubectl
+.PHONY: all build kubelet test test-minors test-previews minors-run test-minor test-kubelet test-preview modfiles print-k8s unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-burst kubectl
 
 all: build
 
@@ -86,18 +86,20 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 # Everything: lint, which compiles every package of the newest minor, then two lanes at once
-# sharing the build cache: the newest minor's unit, race and fuzz, and the suite of every other
-# minor (test-minors, its lines marked [other minors]). On 2 cores the sandbox suites mostly wait
-# on timers and the other lane's compiles fill the CPU (docs/architecture.md, "The Kubernetes
-# matrix"); each lane's result and time is printed last.
+# sharing the build cache: the newest minor's unit, race and fuzz, then the preview minors'
+# tests (test-previews), and the suite of every other supported minor (test-minors, its lines
+# marked [other minors]). On 2 cores the sandbox suites mostly wait on timers and the other
+# lane's compiles fill the CPU; the previews close the newest lane, which ends first without
+# them (docs/architecture.md, "The Kubernetes matrix"); each lane's result and time is printed
+# last.
 test: lint
 	@set -o pipefail; start=$$(date +%s); \
 	( $(MAKE) --no-print-directory test-minors 2>&1 | sed -u 's/^/[other minors] /' ) & minors=$$!; \
-	if $(MAKE) --no-print-directory unit race fuzz; then newest=ok; else newest=FAILED; fi; \
+	if $(MAKE) --no-print-directory unit race fuzz test-previews; then newest=ok; else newest=FAILED; fi; \
 	newest="$$newest in $$(( $$(date +%s) - start )) s"; \
 	if wait $$minors; then others=ok; else others=FAILED; fi; \
 	others="$$others in $$(( $$(date +%s) - start )) s"; \
-	echo "make test: Kubernetes $(K8S) (unit, race, fuzz): $$newest; other minors: $$others"; \
+	echo "make test: Kubernetes $(K8S) (unit, race, fuzz) and the previews $(K8S_PREVIEW): $$newest; other minors: $$others"; \
 	[[ $$newest == ok* && $$others == ok* ]]
 
 # The real kubelet of the minor (its module file's tool k8s.io/kubernetes/cmd/kubelet), which
@@ -116,17 +118,20 @@ unit: $(KUBELET)
 race: $(KUBELET)
 	$(GO) test $(TESTFLAGS) -count=1 -race $(RACE_PKGS)
 
-# Each other minor of the matrix on its own module file and kubelet: test-minor for the
-# supported ones, test-preview for the preview; then a line per minor with its result.
+# Each other supported minor of the matrix on its own module file and kubelet (test-minor),
+# or each preview minor (test-preview); then a line per minor with its result.
 test-minors:
+	@$(MAKE) --no-print-directory minors-run TARGET=test-minor MINORS="$(filter-out $(K8S),$(K8S_SUPPORTED))"
+test-previews:
+	@$(MAKE) --no-print-directory minors-run TARGET=test-preview MINORS="$(K8S_PREVIEW)"
+minors-run:
 	@results=; failed=; \
-	for m in $(filter-out $(K8S),$(K8S_SUPPORTED)) $(K8S_PREVIEW); do \
-		target=test-minor; case " $(K8S_PREVIEW) " in *" $$m "*) target=test-preview;; esac; \
+	for m in $(MINORS); do \
 		start=$$(date +%s); \
-		if $(MAKE) --no-print-directory K8S=$$m $$target; then r=ok; else r=FAILED; failed=1; fi; \
-		results="$$results  Kubernetes $$m ($$target): $$r in $$(( $$(date +%s) - start )) s\n"; \
+		if $(MAKE) --no-print-directory K8S=$$m $(TARGET); then r=ok; else r=FAILED; failed=1; fi; \
+		results="$$results  Kubernetes $$m ($(TARGET)): $$r in $$(( $$(date +%s) - start )) s\n"; \
 	done; \
-	printf "Kubernetes minors besides $(K8S) (whose whole suite is the other lane):\n$$results"; [ -z "$$failed" ]
+	printf "Kubernetes minors besides $(K8S) ($(TARGET)):\n$$results"; [ -z "$$failed" ]
 
 # One minor's suite: the DynamicMIG plugin's framework-level tests, the scheduler app's, the
 # integration suite (a DRA node beside a dynamig node included) and the end-to-end subset (the
