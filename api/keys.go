@@ -49,6 +49,8 @@ const (
 	NoUseGPUUUIDAnnotation        = "nvidia.com/nouse-gpuuuid"
 	NodeSchedulerPolicyAnnotation = "hami.io/node-scheduler-policy"
 	GPUSchedulerPolicyAnnotation  = "hami.io/gpu-scheduler-policy"
+	// NUMABindAnnotation "true" keeps a pod's GPU devices on one NUMA node (HAMi's key).
+	NUMABindAnnotation = "nvidia.com/numa-bind"
 )
 
 // Device modes: the value of an inventory entry's `mode`, of a node's

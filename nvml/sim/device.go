@@ -75,14 +75,14 @@ func (d *device) MemoryMiB() (int, error) {
 	return d.g.model.MemoryMiB, nil
 }
 
-// NumaNode is 0: simulated nodes have one NUMA node.
+// NumaNode is the GPU's GPUSpec.NUMANode (0 unless set: one NUMA node).
 func (d *device) NumaNode() (int, error) {
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
 	if err := d.check(d.op("NumaNode")); err != nil {
 		return 0, err
 	}
-	return 0, nil
+	return d.g.numa, nil
 }
 
 func (d *device) MigMode() (current, pending bool, err error) {

@@ -31,6 +31,8 @@ type GPUSpec struct {
 	UUID string
 	// MigDisabled starts the GPU with MIG mode off; by default it is on.
 	MigDisabled bool
+	// NUMANode is the NUMA node the GPU is attached to (NumaNode).
+	NUMANode int
 }
 
 // SetMIGModeFor starts each GPU with the MIG mode an admin leaves it in on a node of that
@@ -85,6 +87,7 @@ type gpuState struct {
 	uuid       string
 	name       string
 	model      *config.Model // the shared table: read only
+	numa       int
 	migCurrent bool
 	migPending bool
 	gis        map[int]*giState
@@ -140,6 +143,7 @@ func New(opts Options, gpus ...GPUSpec) (*Sim, error) {
 			uuid:       spec.UUID,
 			name:       spec.NVMLName,
 			model:      m,
+			numa:       spec.NUMANode,
 			migCurrent: !spec.MigDisabled,
 			migPending: !spec.MigDisabled,
 			gis:        map[int]*giState{},

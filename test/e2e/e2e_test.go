@@ -548,6 +548,35 @@ func TestHAMiUsersPods(t *testing.T) {
 	noOverlap(t, recs)
 }
 
+// TestNUMABind: a pod annotated nvidia.com/numa-bind: "true" gets its devices on GPUs of one
+// NUMA node: with one GPU of NUMA node 0 taken, the two whole GPUs it asks for are both on
+// NUMA node 1, which the node's inventory says (the simulator's GPUs over two NUMA nodes).
+func TestNUMABind(t *testing.T) {
+	node := mig("n", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB")
+	node.NUMANodes = 2
+	w := start(t, node)
+	uuids := w.SB.Nodes()[0].GPUUUIDs
+	w.Create(pod("first", "mig", 1, 40000, api.UseGPUUUIDAnnotation, uuids[0]))
+	w.running("first")
+	w.Create(pod("bound", "mig", 2, 40000, api.NUMABindAnnotation, "true"))
+	recs := w.running("bound")["bound"]
+	n, err := w.C.CoreV1().Nodes().Get(w.Ctx, "n", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus, err := api.DecodeInventory(n.Annotations[api.NodeInventoryAnnotation])
+	if err != nil {
+		t.Fatal(err)
+	}
+	numa := map[string]int{}
+	for _, g := range gpus {
+		numa[g.ID] = g.Numa
+	}
+	if len(recs) != 2 || numa[recs[0].GPUUUID] != 1 || numa[recs[1].GPUUUID] != 1 || recs[0].GPUUUID == recs[1].GPUUUID {
+		t.Errorf("bound: %v, want two GPUs of NUMA node 1 (the inventory's NUMA nodes: %v)", recs, numa)
+	}
+}
+
 func TestModeRouting(t *testing.T) {
 	w := start(t) // mig-node and core-node
 	w.Create(pod("m", "mig", 1, 4000), pod("h", "hami-core", 1, 4000), pod("either", "", 1, 4000))

@@ -76,7 +76,7 @@ func (s *Sandbox) newNode(cfg sandboxconfig.NodeConfig) (*node, error) {
 	n.metricsAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	specs := make([]sim.GPUSpec, len(cfg.GPUs))
 	for i, g := range cfg.GPUs {
-		specs[i] = sim.GPUSpec{Model: g}
+		specs[i] = sim.GPUSpec{Model: g, NUMANode: cfg.NUMANode(i)}
 	}
 	sim.SetMIGModeFor(specs, cfg.Mode)
 	if n.gpus, err = sim.New(sim.Options{Seed: cfg.Name, CreateLatency: s.createLatency}, specs...); err != nil {

@@ -23,6 +23,8 @@ type Request struct {
 	UseTypes, NoUseTypes, UseUUIDs, NoUseUUIDs []string
 	// GPUPolicy overrides Options' per-pool GPU policy when set.
 	GPUPolicy string
+	// NUMABind keeps all the pod's devices on GPUs of one NUMA node (nvidia.com/numa-bind).
+	NUMABind bool `json:",omitempty"`
 }
 
 // ContainerRequest is one container's devices; each device needs the same.
@@ -30,9 +32,9 @@ type ContainerRequest struct {
 	// Index is the containerIndex: init containers, then containers.
 	Index   int
 	Devices int
-	// MemoryMiB per device, 0 if not given; MemoryPercent of the device (on MIG, of the
-	// full-GPU profile), 0 if not given. Neither: Options.DefaultMemory, and 0 there means
-	// the whole device.
+	// MemoryMiB per device, 0 if not given; MemoryPercent of the device (on MIG, that share
+	// of the GPU: migDemandOf), 0 if not given. Neither: Options.DefaultMemory, and 0 there
+	// means the whole device.
 	MemoryMiB, MemoryPercent int
 	// Cores is the percentage of a device's SMs (MIG: of the full-GPU profile's).
 	Cores int
@@ -103,6 +105,59 @@ func (r *Refusal) Error() string { return string(r.Reason) + ": " + r.Detail }
 // Fit places every requested device of the pod on the node's GPUs, all of them disjoint,
 // or returns why it cannot. gpus is not modified.
 func Fit(gpus []GPU, req *Request, opts Options) (*Result, *Refusal) {
+	if !req.NUMABind {
+		return fitPools(gpus, req, opts, anyNUMA)
+	}
+	return fitOneNUMA(gpus, req, opts)
+}
+
+// anyNUMA places devices on GPUs of any NUMA node.
+const anyNUMA = -1
+
+// fitOneNUMA places the pod on the GPUs of each NUMA node of the node in turn and keeps the
+// best fit (the least fragmentation cost, then the fuller GPUs, then the lower NUMA node).
+// When none fits but the node does across NUMA nodes, the pod is refused for the binding;
+// otherwise for what keeps it off the node anyway.
+func fitOneNUMA(gpus []GPU, req *Request, opts Options) (*Result, *Refusal) {
+	var numas []int
+	for i := range gpus {
+		if !slices.Contains(numas, gpus[i].Info.Numa) {
+			numas = append(numas, gpus[i].Info.Numa)
+		}
+	}
+	slices.Sort(numas)
+	var best *Result
+	for _, n := range numas {
+		res, refusal := fitPools(gpus, req, opts, n)
+		if refusal != nil {
+			continue
+		}
+		if best == nil || res.Cost < best.Cost || res.Cost == best.Cost && res.Utilisation > best.Utilisation {
+			best = res
+		}
+	}
+	if best != nil {
+		return best, nil
+	}
+	if _, refusal := fitPools(gpus, req, opts, anyNUMA); refusal != nil {
+		return nil, refusal
+	}
+	return nil, &Refusal{Reason: ReasonNUMA, Detail: fmt.Sprintf("the pod's %d devices fit the node's GPUs, but not those of one NUMA node (%s: true; NUMA nodes %v)",
+		req.devices(), api.NUMABindAnnotation, numas)}
+}
+
+// devices is the number of devices the request asks for.
+func (r *Request) devices() int {
+	n := 0
+	for _, c := range r.Containers {
+		n += c.Devices
+	}
+	return n
+}
+
+// fitPools places the pod in the pools its mode allows, on the GPUs of NUMA node numa
+// (anyNUMA: all).
+func fitPools(gpus []GPU, req *Request, opts Options, numa int) (*Result, *Refusal) {
 	var pools []string
 	switch req.Mode {
 	case api.ModeMIG, api.ModeHAMiCore:
@@ -116,9 +171,9 @@ func Fit(gpus []GPU, req *Request, opts Options) (*Result, *Refusal) {
 		var res *Result
 		var r refusal
 		if pool == api.ModeMIG {
-			res, r = fitMIG(gpus, req, opts)
+			res, r = fitMIG(gpus, req, opts, numa)
 		} else {
-			res, r = fitHAMiCore(gpus, req, opts)
+			res, r = fitHAMiCore(gpus, req, opts, numa)
 		}
 		if res == nil {
 			why = why.closer(r)
@@ -135,9 +190,13 @@ func Fit(gpus []GPU, req *Request, opts Options) (*Result, *Refusal) {
 	return best, nil
 }
 
-// eligible filters GPUs by mode, health and the pod's type and UUID selectors.
-func eligible(g *GPU, mode string, req *Request) refusal {
+// eligible filters GPUs by mode, health, the pod's type and UUID selectors, and NUMA node
+// (anyNUMA: every one).
+func eligible(g *GPU, mode string, req *Request, numa int) refusal {
 	info := &g.Info
+	if numa != anyNUMA && info.Numa != numa {
+		return refusal{reason: ReasonNoGPU, detail: fmt.Sprintf("%s is on NUMA node %d", info.ID, info.Numa)}
+	}
 	if info.Mode != mode {
 		return refusal{reason: ReasonNoGPU, detail: fmt.Sprintf("%s is a %s GPU", info.ID, info.Mode)}
 	}
@@ -182,7 +241,7 @@ type migCandidate struct {
 	util   float64
 }
 
-func fitMIG(gpus []GPU, req *Request, opts Options) (*Result, refusal) {
+func fitMIG(gpus []GPU, req *Request, opts Options, numa int) (*Result, refusal) {
 	type state struct {
 		g *migGPU
 		u migUsage
@@ -190,7 +249,7 @@ func fitMIG(gpus []GPU, req *Request, opts Options) (*Result, refusal) {
 	states := make([]*state, len(gpus))
 	var why refusal
 	for i := range gpus {
-		if r := eligible(&gpus[i], api.ModeMIG, req); r.reason != ReasonNone {
+		if r := eligible(&gpus[i], api.ModeMIG, req, numa); r.reason != ReasonNone {
 			why = why.closer(r)
 			continue
 		}
@@ -317,11 +376,11 @@ func deviceMemory(c ContainerRequest, deviceMiB, defaultMemory int) int {
 	return deviceMiB
 }
 
-func fitHAMiCore(gpus []GPU, req *Request, opts Options) (*Result, refusal) {
+func fitHAMiCore(gpus []GPU, req *Request, opts Options, numa int) (*Result, refusal) {
 	usage := make([]*coreUsage, len(gpus))
 	var why refusal
 	for i := range gpus {
-		if r := eligible(&gpus[i], api.ModeHAMiCore, req); r.reason != ReasonNone {
+		if r := eligible(&gpus[i], api.ModeHAMiCore, req, numa); r.reason != ReasonNone {
 			why = why.closer(r)
 			continue
 		}

@@ -543,3 +543,58 @@ func TestNormalizeScores(t *testing.T) {
 		t.Errorf("250 equal nodes: %v", raw)
 	}
 }
+
+// TestNUMABind: with nvidia.com/numa-bind a pod's devices share one NUMA node: the first
+// with room, or the one left with room; refused with ReasonNUMA where the node has room only
+// across NUMA nodes, which the same pod without the binding uses. Four A100-40GB, two per
+// NUMA node.
+func TestNUMABind(t *testing.T) {
+	node := func(taken ...int) []GPU {
+		gpus := inventoryOf(t, "", "", "A100-40GB", "A100-40GB", "A100-40GB", "A100-40GB")
+		for i := range gpus {
+			gpus[i].Info.Numa = i / 2
+		}
+		for _, i := range taken {
+			gpus[i].MIG = append(gpus[i].MIG, Instance{Profile: "7g.40gb", Placement: api.Placement{Start: 0, Size: 8}})
+		}
+		return gpus
+	}
+	pod := func(bind bool) *Request {
+		return &Request{Mode: api.ModeMIG, NUMABind: bind, Containers: []ContainerRequest{{Devices: 1, MemoryPercent: 100}, {Index: 1, Devices: 1, MemoryPercent: 100}}}
+	}
+	numas := func(gpus []GPU, res *Result) []int {
+		var out []int
+		for _, a := range res.Assignments {
+			out = append(out, gpus[a.GPU].Info.Numa)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		taken []int
+		bind  bool
+		want  []int // NUMA node of each device; nil: refused for the binding
+	}{
+		{"empty node", nil, true, []int{0, 0}},
+		{"NUMA node 0 half full", []int{0}, true, []int{1, 1}},
+		{"room only across NUMA nodes", []int{0, 2}, true, nil},
+		{"the same without the binding", []int{0, 2}, false, []int{0, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gpus := node(tc.taken...)
+			res, why := Fit(gpus, pod(tc.bind), defaultOpts)
+			switch {
+			case tc.want == nil && (why == nil || why.Reason != ReasonNUMA):
+				t.Errorf("got %v %v, want refused for %q", res, why, ReasonNUMA)
+			case tc.want != nil && why != nil:
+				t.Errorf("refused: %v", why)
+			case tc.want != nil && !slices.Equal(numas(gpus, res), tc.want):
+				t.Errorf("NUMA nodes %v, want %v", numas(gpus, res), tc.want)
+			}
+		})
+	}
+	// A node whose GPUs are full is refused for that, not for the binding.
+	if _, why := Fit(node(0, 1, 2, 3), pod(true), defaultOpts); why == nil || why.Reason == ReasonNUMA {
+		t.Errorf("a full node: %v, want its own reason", why)
+	}
+}

@@ -16,6 +16,9 @@ const (
 	ReasonPlacementsTaken Reason = "all MIG placements taken"
 	ReasonInstanceLimit   Reason = "MIG instance limit reached"
 	ReasonFragmented      Reason = "MIG GPU fragmented: enough free slots but no legal placement"
+	// ReasonNUMA: the pod fits the node, but not on the GPUs of one NUMA node, which
+	// nvidia.com/numa-bind asks.
+	ReasonNUMA Reason = "no NUMA node has room for all the pod's GPU devices"
 )
 
 // Reasons of DynamicMIG's Filter before the allocator runs (the node's device plugin).
@@ -26,7 +29,7 @@ const (
 
 // Reasons lists the allocator's reasons, from the least to the most hopeful.
 var Reasons = []Reason{ReasonNoGPU, ReasonUnusable, ReasonNotSelected, ReasonNoMIGGPU, ReasonNoProfile,
-	ReasonShareLimit, ReasonPlacementsTaken, ReasonInstanceLimit, ReasonFragmented}
+	ReasonShareLimit, ReasonPlacementsTaken, ReasonInstanceLimit, ReasonFragmented, ReasonNUMA}
 
 // reasonRank is a reason's position in Reasons, from 1; ReasonNone's is 0.
 var reasonRank = func() map[Reason]int {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -181,6 +182,15 @@ func (req *Request) parseAnnotations(a map[string]string) []error {
 	}
 	policy(api.NodeSchedulerPolicyAnnotation, &req.NodePolicy)
 	policy(api.GPUSchedulerPolicyAnnotation, &req.GPUPolicy)
+	// HAMi reads it with strconv.ParseBool and takes anything else as false; a value that is
+	// no boolean is refused here rather than silently not binding.
+	if v, ok := a[api.NUMABindAnnotation]; ok {
+		bind, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("annotation %s is %q; want true or false", api.NUMABindAnnotation, v))
+		}
+		req.NUMABind = bind
+	}
 	return errs
 }
 

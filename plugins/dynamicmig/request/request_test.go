@@ -108,6 +108,17 @@ func TestParsePod(t *testing.T) {
 		{name: "negative count", pod: podWith(nil, v1.ResourceList{api.ResourceCount: q("-1")}), wantErr: `container "c0": nvidia.com/gpu is -1; want a non-negative whole number`},
 		{name: "negative cores", pod: podWith(nil, v1.ResourceList{api.ResourceCount: q("1"), api.ResourceCores: q("-10")}), wantErr: `container "c0": nvidia.com/gpucores is -10`},
 		{name: "bad mode", pod: podWith(map[string]string{api.VGPUModeAnnotation: "mps"}, v1.ResourceList{api.ResourceCount: q("1")}), wantErr: `nvidia.com/vgpu-mode is "mps"`},
+		{name: "numa-bind", pod: podWith(map[string]string{api.NUMABindAnnotation: "true"}, v1.ResourceList{api.ResourceCount: q("2")}), check: func(t *testing.T, r *Request) {
+			if !r.NUMABind {
+				t.Errorf("%+v", r)
+			}
+		}},
+		{name: "numa-bind false", pod: podWith(map[string]string{api.NUMABindAnnotation: "false"}, v1.ResourceList{api.ResourceCount: q("2")}), check: func(t *testing.T, r *Request) {
+			if r.NUMABind {
+				t.Errorf("%+v", r)
+			}
+		}},
+		{name: "bad numa-bind", pod: podWith(map[string]string{api.NUMABindAnnotation: "yes"}, v1.ResourceList{api.ResourceCount: q("1")}), wantErr: `nvidia.com/numa-bind is "yes"; want true or false`},
 		{name: "bad policy", pod: podWith(map[string]string{api.GPUSchedulerPolicyAnnotation: "pack"}, v1.ResourceList{api.ResourceCount: q("1")}), wantErr: `hami.io/gpu-scheduler-policy is "pack"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

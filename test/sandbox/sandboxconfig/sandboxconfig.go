@@ -42,6 +42,17 @@ type NodeConfig struct {
 	// RuntimeIgnoresCDI makes the node's container runtime drop CDI device names, as
 	// containerd 1.7 with its default enable_cdi = false does (docs/troubleshooting.md).
 	RuntimeIgnoresCDI bool `json:"runtimeIgnoresCDI,omitempty"`
+	// NUMANodes splits the GPUs over that many NUMA nodes in index order, as evenly as they
+	// go (4 GPUs on 2: 0, 0, 1, 1); 0 or 1: one NUMA node.
+	NUMANodes int `json:"numaNodes,omitempty"`
+}
+
+// NUMANode is the NUMA node of the node's GPU i.
+func (n *NodeConfig) NUMANode(i int) int {
+	if n.NUMANodes <= 1 || len(n.GPUs) == 0 {
+		return 0
+	}
+	return i * n.NUMANodes / len(n.GPUs)
 }
 
 // DefaultConfig is the seed's world: one mig node with an NVIDIA A100-PCIE-40GB and one
@@ -145,6 +156,9 @@ func (c *Config) Validate() error {
 		}
 		if len(n.GPUs) == 0 {
 			errs = append(errs, field.Required(p.Child("gpus"), "at least one GPU (a model key or NVML name)"))
+		}
+		if n.NUMANodes < 0 || n.NUMANodes > max(len(n.GPUs), 1) {
+			errs = append(errs, field.Invalid(p.Child("numaNodes"), n.NUMANodes, fmt.Sprintf("must be between 0 and the number of GPUs (%d)", len(n.GPUs))))
 		}
 		for j, g := range n.GPUs {
 			if _, ok := config.LookupModel(g); !ok {
