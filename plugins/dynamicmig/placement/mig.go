@@ -44,11 +44,9 @@ type migGPU struct {
 	maxGIs     int // 0: no limit published
 	fullSlices int
 	profiles   []migProfile // as published: by memory, then slices
-	// byShare orders the profiles for a share of the GPU (shareDemand): by the memory slots
-	// they span, then the most compute first.
+	// byShare orders the profiles' indexes for a share of the GPU (shareDemand): by the
+	// memory slots they span, then the most compute first. A demand in MiB takes profiles.
 	byShare []int
-	// inOrder is 0, 1, … len(profiles)-1: the order of a demand in MiB.
-	inOrder []int
 }
 
 // migUsage is what is placed on a MIG GPU; a value, copied to evaluate a candidate.
@@ -140,9 +138,8 @@ func newMIGGPU(info *api.GPU) *migGPU {
 			cmp.Compare(variantRank[a.name.Variant], variantRank[b.name.Variant]))
 	})
 	for i := range g.profiles {
-		g.inOrder = append(g.inOrder, i)
+		g.byShare = append(g.byShare, i)
 	}
-	g.byShare = slices.Clone(g.inOrder)
 	slices.SortStableFunc(g.byShare, func(a, b int) int {
 		pa, pb := &g.profiles[a], &g.profiles[b]
 		return cmp.Or(cmp.Compare(pa.size, pb.size), cmp.Compare(pb.slices, pa.slices), cmp.Compare(pa.pub.MemoryMB, pb.pub.MemoryMB))
@@ -363,11 +360,10 @@ func (g *migGPU) choose(u *migUsage, d migDemand, fragmentationAware, explain bo
 	}
 	var why refusal
 	bigEnough := false
-	order := g.inOrder
-	if d.slots > 0 {
-		order = g.byShare
-	}
-	for _, i := range order {
+	for i := range g.profiles {
+		if d.slots > 0 {
+			i = g.byShare[i]
+		}
 		p := &g.profiles[i]
 		if p.pub.MemoryMB < d.memoryMiB || p.pub.Core < d.cores || p.size < d.slots || len(p.masks) == 0 {
 			continue
