@@ -3,6 +3,7 @@ package admission
 import (
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -31,7 +32,9 @@ func installObjects(t *testing.T) []runtime.Object {
 }
 
 // TestWebhookManifest keeps the manifest's webhook in step with the validating policy and
-// the binary: the API server calls the webhook for exactly the pods the policy checks, with
+// the binary: the API server calls the webhook for every pod the policy checks, and also for
+// pods whose regular containers ask only for GPU memory or cores (the webhook gives those the
+// device config's defaultGPUNum devices, after which the policy checks them too), with
 // the settings docs/architecture.md explains, at the path, port, Secret and names the
 // binary uses by default. (test/e2e runs the configuration against the API server.)
 func TestWebhookManifest(t *testing.T) {
@@ -77,8 +80,17 @@ func TestWebhookManifest(t *testing.T) {
 		t.Fatalf("webhooks: %d", len(cfg.Webhooks))
 	}
 	wh := cfg.Webhooks[0]
-	if len(wh.MatchConditions) != 1 || wh.MatchConditions[0].Expression != policyCondition {
-		t.Errorf("the webhook's match condition must be the policy's:\n%v\n%s", wh.MatchConditions, policyCondition)
+	if len(wh.MatchConditions) != 1 {
+		t.Fatalf("webhook match conditions: %v", wh.MatchConditions)
+	}
+	share, ok := strings.CutPrefix(wh.MatchConditions[0].Expression, policyCondition+" ||")
+	if !ok {
+		t.Errorf("the webhook's match condition must be the policy's or a share:\n%s\npolicy's:\n%s", wh.MatchConditions[0].Expression, policyCondition)
+	}
+	for _, r := range []string{"nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"} {
+		if !strings.Contains(share, "'"+r+"'") {
+			t.Errorf("the webhook's share condition does not name %s:\n%s", r, share)
+		}
 	}
 	if *wh.FailurePolicy != admissionregistrationv1.Fail || *wh.SideEffects != admissionregistrationv1.SideEffectClassNone ||
 		*wh.TimeoutSeconds != 5 || *wh.ReinvocationPolicy != admissionregistrationv1.IfNeededReinvocationPolicy {
