@@ -43,8 +43,9 @@ func (pl *DynamicMIG) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragmen
 }
 
 // PreFilter parses the pod's GPU request once, limits the nodes it is filtered on to those
-// with a GPU of a mode it accepts (gpuNodes), and takes the request's resources out of
-// NodeResourcesFit's (takeFitRequest); pods without one are skipped.
+// with a GPU of a mode it accepts (gpuNodes), takes the request's resources out of
+// NodeResourcesFit's (takeFitRequest), and counts its namespace's GPU quota use when a quota
+// limits it (quotaCheckFor); pods without one are skipped.
 func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	req, err := request.Parse(pod, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
 	if err != nil {
@@ -67,9 +68,13 @@ func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *
 		pl.pending.start(pod).note(rankNoInventory)
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, placement.NoGPUNodeMessage(req.Mode))
 	}
+	quota, err := pl.quotaCheckFor(pod, nodes)
+	if err != nil {
+		return nil, fwk.AsStatus(err)
+	}
 	// The fits map has room for the nodes kube-scheduler may filter: growing it node by node
 	// costs more (BenchmarkCycle1000Nodes).
-	state.Write(stateKey, &stateData{req: req, key: string(key), now: time.Now(), devices: pl.takeFitRequest(state),
+	state.Write(stateKey, &stateData{req: req, key: string(key), now: time.Now(), devices: pl.takeFitRequest(state), quota: quota,
 		fits: make(map[string]*nodeFit, min(gpuNodes.Len(), maxPresizedFits)), refused: &sync.Map{}, attempt: pl.pending.start(pod)})
 	return &fwk.PreFilterResult{NodeNames: gpuNodes}, nil
 }
@@ -146,6 +151,16 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 			code = fwk.UnschedulableAndUnresolvable // no pod's removal can help
 		}
 		return fwk.NewStatus(code, string(refusal.Reason))
+	}
+	if s.quota != nil {
+		if msg := s.quota.exceeded(cached.fit.result.Grant(), pl.quotaNames); msg != "" {
+			// Unresolvable by preemption: the namespace's use was counted over the whole
+			// cluster at PreFilter, and no victim on this node lowers it.
+			pl.quotaWaiting.add(pod)
+			s.observeRefusal(node.Name, reasonQuota)
+			s.attempt.note(rankQuota)
+			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, msg)
+		}
 	}
 	s.setFit(node.Name, cached.fit)
 	s.attempt.note(rankFit)

@@ -24,7 +24,8 @@ const (
 	rankUnreadableInventory
 	rankUnreadableReservation
 	rankHeartbeat
-	// rankAllocator is the least hopeful of placement.Reasons; rankFit follows the last.
+	// rankAllocator is the least hopeful of placement.Reasons; rankQuota (a fit its
+	// namespace's GPU quota refused) follows the last, and rankFit follows it.
 	rankAllocator
 )
 
@@ -37,14 +38,15 @@ const (
 )
 
 var (
-	rankFit = rankAllocator + int32(len(placement.Reasons))
+	rankQuota = rankAllocator + int32(len(placement.Reasons))
+	rankFit   = rankQuota + 1
 	// pendingReasons is the gauge's reason of each rank.
 	pendingReasons = func() []string {
 		r := []string{reasonNotRefused, reasonInvalidRequest, reasonNoInventory, reasonUnreadableInventory, reasonUnreadableReservation, reasonHeartbeat}
 		for _, a := range placement.Reasons {
 			r = append(r, string(a))
 		}
-		return append(r, reasonNotRefused)
+		return append(r, reasonQuota, reasonNotRefused)
 	}()
 	allocatorRanks = func() map[placement.Reason]int32 {
 		m := make(map[placement.Reason]int32, len(placement.Reasons))

@@ -80,6 +80,11 @@ type DynamicMIG struct {
 	// they are activated when a heartbeat is renewed.
 	heartbeatWaiters sync.Map // types.UID → *v1.Pod
 	podLister        corelisters.PodLister
+	// quotaLister reads the namespaces' GPU quotas (quota.go) by their names quotaNames;
+	// quotaWaiting holds the pods they refused.
+	quotaLister  corelisters.ResourceQuotaLister
+	quotaNames   quotaResources
+	quotaWaiting *quotaWaiters
 }
 
 // New builds the plugin from its args (a *config.DynamicMIGArgs, or the raw args of the
@@ -118,6 +123,8 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, fts feature.Feat
 		leaseTimes:           newLeaseTimes(),
 		reservations:         newReservationCache(),
 		pending:              newPendingPods(),
+		quotaNames:           newQuotaResources(args.ResourceMemoryName, args.ResourceCoreName),
+		quotaWaiting:         newQuotaWaiters(),
 	}
 	// The heartbeat Leases: only the system namespace's Leases are watched, the node leases
 	// of kube-node-lease change every 10 s on every node and are none of our business.
@@ -131,6 +138,11 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, fts feature.Feat
 	pl.leasesRead = leaseEvents.HasSynced
 	factory := h.SharedInformerFactory()
 	pl.podLister = factory.Core().V1().Pods().Lister()
+	quotas := factory.Core().V1().ResourceQuotas()
+	if _, err := quotas.Informer().AddEventHandler(pl.quotaHandler()); err != nil {
+		return nil, fmt.Errorf("%s: watching ResourceQuotas: %w", Name, err)
+	}
+	pl.quotaLister = quotas.Lister()
 	collector.setSource(pl, factory.Core().V1().Nodes().Lister(), pl.podLister)
 	// Evict the pods a device plugin gave up on; drop in-flight reservations, scheduling
 	// attempts and heartbeat waits of deleted pods. Bound pods' reservations are dropped when
@@ -148,6 +160,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, fts feature.Feat
 				pl.reservations.remove(p.UID)
 				pl.pending.remove(p.UID)
 				pl.heartbeatWaiters.Delete(p.UID)
+				pl.quotaWaiting.remove(p)
 			}
 		},
 	}); err != nil {

@@ -23,6 +23,8 @@ type stateData struct {
 	// devices is the device count taken from NodeResourcesFit's request, which Filter
 	// checks in its place (takeFitRequest); 0 when none was taken.
 	devices int64
+	// quota is the pod's namespace's GPU quotas and use, nil when none limits it.
+	quota *quotaCheck
 
 	mu   sync.Mutex
 	fits map[string]*nodeFit
@@ -58,7 +60,7 @@ type nodeFit struct {
 func (s *stateData) Clone() fwk.StateData {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := &stateData{req: s.req, key: s.key, attempt: s.attempt, now: s.now, devices: s.devices, fits: make(map[string]*nodeFit, len(s.fits)), refused: s.refused}
+	c := &stateData{req: s.req, key: s.key, attempt: s.attempt, now: s.now, devices: s.devices, quota: s.quota, fits: make(map[string]*nodeFit, len(s.fits)), refused: s.refused}
 	for k, v := range s.fits {
 		c.fits[k] = v
 	}

@@ -548,6 +548,50 @@ func TestHAMiUsersPods(t *testing.T) {
 	noOverlap(t, recs)
 }
 
+// TestNamespaceQuota: a ResourceQuota in HAMi's form (limits.nvidia.com/gpumem) bounds the
+// GPU memory a namespace's pods are granted, a MIG device counting its whole profile (8,000
+// MiB asked is a 2g.10gb, 9,856 MiB): the pod that would pass it stays Pending with the
+// quota's name, use and limit; when a pod ends, exactly one of two pods that each fit the
+// freed room alone runs, and the other once another pod ends.
+func TestNamespaceQuota(t *testing.T) {
+	w := start(t, mig("n", "A100-40GB", "A100-40GB"))
+	quota := &v1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "gpu", Namespace: "default"},
+		Spec: v1.ResourceQuotaSpec{Hard: v1.ResourceList{"limits." + api.ResourceMemory: resource.MustParse("20000")}}}
+	if _, err := w.C.CoreV1().ResourceQuotas("default").Create(w.Ctx, quota, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.Create(pod("a", "mig", 1, 8000), pod("b", "mig", 1, 8000))
+	w.running("a", "b")
+	w.Create(pod("c", "mig", 1, 8000))
+	want := "ResourceQuota default/gpu limits.nvidia.com/gpumem: 19712 used of 20000, and the pod would be granted 9856"
+	if msg := w.pending("c"); !strings.Contains(msg, want) {
+		t.Errorf("c's reason: %q, want it to say %q", msg, want)
+	}
+	// d comes as a's room is freed: c and d race for it, and one of them wins.
+	w.Create(pod("d", "mig", 1, 8000))
+	w.delete("a")
+	w.gone("n", "a")
+	var winner, loser string
+	w.WaitFor("c or d bound", 90*time.Second, func() (bool, string) {
+		c, d := w.Get("c"), w.Get("d")
+		switch {
+		case c.Spec.NodeName != "" && d.Spec.NodeName != "":
+			t.Fatalf("c and d both bound: 3 × 9,856 MiB is past the quota's 20,000")
+		case c.Spec.NodeName != "":
+			winner, loser = "c", "d"
+		case d.Spec.NodeName != "":
+			winner, loser = "d", "c"
+		}
+		return winner != "", "neither bound"
+	})
+	w.running(winner)
+	if msg := w.pending(loser); !strings.Contains(msg, "namespace GPU quota exceeded") {
+		t.Errorf("%s's reason: %q", loser, msg)
+	}
+	w.delete("b")
+	w.running(loser)
+}
+
 // TestNUMABind: a pod annotated nvidia.com/numa-bind: "true" gets its devices on GPUs of one
 // NUMA node: with one GPU of NUMA node 0 taken, the two whole GPUs it asks for are both on
 // NUMA node 1, which the node's inventory says (the simulator's GPUs over two NUMA nodes).

@@ -113,3 +113,51 @@ func (r *Result) MigReservations() []api.MigReservation {
 	}
 	return recs
 }
+
+// Grant is the GPU memory and cores a pod is granted, summed over its devices: a MIG
+// device's profile's (its memory, and its SMs as a percentage of the full GPU's), a hami-core
+// share's own. Namespace GPU quotas count it.
+type Grant struct {
+	MemoryMiB, Cores int64
+}
+
+// Add adds o to g.
+func (g *Grant) Add(o Grant) {
+	g.MemoryMiB += o.MemoryMiB
+	g.Cores += o.Cores
+}
+
+// Grant is what the fit grants.
+func (r *Result) Grant() Grant {
+	var g Grant
+	for _, a := range r.Assignments {
+		g.Add(Grant{MemoryMiB: int64(a.MemoryMiB), Cores: int64(a.Cores)})
+	}
+	return g
+}
+
+// Grant is what h grants on the node's GPUs: a MIG reservation's profile is the one its GPU
+// publishes; a reservation of a GPU or profile the inventory does not list grants nothing.
+func (h Held) Grant(inv []api.GPU) Grant {
+	var g Grant
+	for _, r := range h.MIG {
+		for i := range inv {
+			if inv[i].ID != r.GPUUUID {
+				continue
+			}
+			for _, p := range inv[i].MigProfiles {
+				if p.Name == r.Profile {
+					g.Add(Grant{MemoryMiB: int64(p.MemoryMB), Cores: int64(p.Core)})
+					break
+				}
+			}
+			break
+		}
+	}
+	for _, devs := range h.Shares {
+		for _, d := range devs {
+			g.Add(Grant{MemoryMiB: int64(d.MemoryMiB), Cores: int64(d.Cores)})
+		}
+	}
+	return g
+}
