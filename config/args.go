@@ -49,7 +49,8 @@ type DynamicMIGArgs struct {
 
 	// MetricsBindAddress is where cmd/dynamig-scheduler serves the plugin's metrics.
 	MetricsBindAddress string `json:"metricsBindAddress,omitempty"`
-	// LegacyMetrics also exports HAMi's nodeGPUMigInstance.
+	// LegacyMetrics also exports HAMi's scheduler series under their legacy names
+	// (nodeGPUMigInstance, GPUDeviceMemoryLimit, vGPUMemoryAllocated, …).
 	LegacyMetrics bool `json:"legacyMetrics,omitempty"`
 }
 

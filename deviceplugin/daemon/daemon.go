@@ -193,7 +193,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	defer metrics.AddSource(&metrics.Source{Instances: mgr, Checkpoint: cp, Node: opts.NodeName, RuntimeCDI: runtimeCDI.Current})()
+	defer metrics.AddSource(&metrics.Source{Instances: mgr, Checkpoint: cp, Node: opts.NodeName, RuntimeCDI: runtimeCDI.Current, Pods: pods.Lister()})()
 	// Recovery first: kubelet is not served until our instances are known.
 	if _, err := alloc.Recover(ctx, opts.ReclaimUnknownInstances); err != nil {
 		logger.Error(err, "Restart recovery incomplete; continuing without destroying anything it could not verify")

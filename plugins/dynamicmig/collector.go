@@ -18,12 +18,6 @@ import (
 // The state metrics are computed at scrape time from the scheduler's informers: what is
 // reserved and realised is in the pods' annotations, so nothing has to be kept in step.
 var (
-	migInstanceDesc = prometheus.NewDesc("hami_node_gpu_mig_instance_info",
-		"Realized MIG instance identity and scheduler placement",
-		[]string{"node", "device_uuid", "device_index", "mig_uuid", "profile", "gpu_instance_id", "compute_instance_id", "placement_start", "placement_size"}, nil)
-	legacyMigInstanceDesc = prometheus.NewDesc("nodeGPUMigInstance",
-		"MIG instance in use (HAMi's legacy metric; migname is <profile>-<placement start>)",
-		[]string{"nodeid", "deviceuuid", "deviceidx", "migname"}, prometheus.Labels{"zone": "vGPU"})
 	allocatedDesc = prometheus.NewDesc("dynamig_scheduler_gpu_allocated",
 		"What is reserved on a GPU, by resource: memory_mib, cores_percent, shares, slots",
 		[]string{"node", "device_uuid", "device_index", "mode", "resource"}, nil)
@@ -34,6 +28,92 @@ var (
 		"GPU pods not bound yet, by the outcome of their latest scheduling attempt: the closest any node came",
 		[]string{"reason"}, nil)
 )
+
+// hamiZone is the constant label HAMi's scheduler registers all its series under.
+var hamiZone = prometheus.Labels{"zone": "vGPU"}
+
+// HAMi v2.10's scheduler series, with its names, help texts and labels, so that dashboards
+// and alerts written for HAMi read dynamig: memory in bytes, cores in devcore units
+// (percent of a GPU), and the per-container series by containerIndex.
+var (
+	migInstanceDesc = prometheus.NewDesc("hami_node_gpu_mig_instance_info",
+		"Realized MIG instance identity and scheduler placement",
+		[]string{"node", "device_uuid", "device_index", "mig_uuid", "profile", "gpu_instance_id", "compute_instance_id", "placement_start", "placement_size"}, hamiZone)
+	gpuMemoryLimitDesc = prometheus.NewDesc("hami_gpu_memory_limit_bytes",
+		"Device memory limit for a certain GPU",
+		[]string{"node", "device_uuid", "device_index", "device_type"}, hamiZone)
+	gpuCoreLimitDesc = prometheus.NewDesc("hami_gpu_core_limit_ratio",
+		"Device core limit for a certain GPU",
+		[]string{"node", "device_uuid", "device_index", "device_type"}, hamiZone)
+	gpuMemoryAllocatedDesc = prometheus.NewDesc("hami_gpu_memory_allocated_bytes",
+		"Device memory allocated for a certain GPU",
+		[]string{"node", "device_uuid", "device_index", "device_cores", "device_type"}, hamiZone)
+	gpuSharedDesc = prometheus.NewDesc("hami_gpu_shared_count",
+		"Number of containers sharing this GPU",
+		[]string{"node", "device_uuid", "device_index", "device_type"}, hamiZone)
+	gpuCoreAllocatedDesc = prometheus.NewDesc("hami_gpu_core_allocated_ratio",
+		"Device core allocated for a certain GPU",
+		[]string{"node", "device_uuid", "device_index", "device_type"}, hamiZone)
+	gpuOverviewDesc = prometheus.NewDesc("hami_node_gpu_overview",
+		"GPU overview on a certain node",
+		[]string{"node", "device_uuid", "device_index", "device_cores", "device_memory_limit", "device_type"}, hamiZone)
+	gpuMemoryRatioDesc = prometheus.NewDesc("hami_node_gpu_memory_allocated_ratio",
+		"GPU Memory Allocated Percentage on a certain GPU",
+		[]string{"node", "device_uuid", "device_index"}, hamiZone)
+	containerMemoryDesc = prometheus.NewDesc("hami_vgpu_memory_allocated_bytes",
+		"vGPU memory allocated from a container",
+		[]string{"namespace", "node", "pod", "container_index", "device_uuid"}, hamiZone)
+	containerCoreDesc = prometheus.NewDesc("hami_vgpu_core_allocated_ratio",
+		"vGPU core allocated from a container",
+		[]string{"namespace", "node", "pod", "container_index", "device_uuid"}, hamiZone)
+)
+
+// HAMi's legacy names of the same series, exported only with the arg legacyMetrics.
+var (
+	legacyMigInstanceDesc = prometheus.NewDesc("nodeGPUMigInstance",
+		"MIG instance in use (HAMi's legacy metric; migname is <profile>-<GPU instance id>)",
+		[]string{"nodeid", "deviceuuid", "deviceidx", "migname"}, hamiZone)
+	legacyMemoryLimitDesc = prometheus.NewDesc("GPUDeviceMemoryLimit",
+		"Device memory limit for a certain GPU",
+		[]string{"nodeid", "deviceuuid", "deviceidx", "devicetype"}, hamiZone)
+	legacyCoreLimitDesc = prometheus.NewDesc("GPUDeviceCoreLimit",
+		"Device memory core limit for a certain GPU",
+		[]string{"nodeid", "deviceuuid", "deviceidx", "devicetype"}, hamiZone)
+	legacyMemoryAllocatedDesc = prometheus.NewDesc("GPUDeviceMemoryAllocated",
+		"Device memory allocated for a certain GPU",
+		[]string{"nodeid", "deviceuuid", "deviceidx", "devicecores", "devicetype"}, hamiZone)
+	legacySharedDesc = prometheus.NewDesc("GPUDeviceSharedNum",
+		"Number of containers sharing this GPU",
+		[]string{"nodeid", "deviceuuid", "deviceidx", "devicetype"}, hamiZone)
+	legacyCoreAllocatedDesc = prometheus.NewDesc("GPUDeviceCoreAllocated",
+		"Device core allocated for a certain GPU",
+		[]string{"nodeid", "deviceuuid", "deviceidx", "devicetype"}, hamiZone)
+	legacyOverviewDesc = prometheus.NewDesc("nodeGPUOverview",
+		"GPU overview on a certain node",
+		[]string{"nodeid", "deviceuuid", "deviceidx", "devicecores", "devicememorylimit", "devicetype"}, hamiZone)
+	legacyMemoryRatioDesc = prometheus.NewDesc("nodeGPUMemoryPercentage",
+		"GPU Memory Allocated Percentage on a certain GPU",
+		[]string{"nodeid", "deviceuuid", "deviceidx"}, hamiZone)
+	legacyContainerMemoryDesc = prometheus.NewDesc("vGPUMemoryAllocated",
+		"vGPU memory allocated from a container",
+		[]string{"podnamespace", "nodename", "podname", "containeridx", "deviceuuid"}, hamiZone)
+	legacyContainerCoreDesc = prometheus.NewDesc("vGPUCoreAllocated",
+		"vGPU core allocated from a container",
+		[]string{"podnamespace", "nodename", "podname", "containeridx", "deviceuuid"}, hamiZone)
+)
+
+// Every series of the collector: the legacy ones are described whether or not they are
+// exported, so that the registry knows them.
+var stateDescs = []*prometheus.Desc{
+	allocatedDesc, capacityDesc, pendingDesc,
+	migInstanceDesc, gpuMemoryLimitDesc, gpuCoreLimitDesc, gpuMemoryAllocatedDesc, gpuSharedDesc, gpuCoreAllocatedDesc,
+	gpuOverviewDesc, gpuMemoryRatioDesc, containerMemoryDesc, containerCoreDesc,
+	legacyMigInstanceDesc, legacyMemoryLimitDesc, legacyCoreLimitDesc, legacyMemoryAllocatedDesc, legacySharedDesc,
+	legacyCoreAllocatedDesc, legacyOverviewDesc, legacyMemoryRatioDesc, legacyContainerMemoryDesc, legacyContainerCoreDesc,
+}
+
+// mib is a MiB count in bytes, HAMi's unit of memory in its series.
+func mib(n int) float64 { return float64(n) * (1 << 20) }
 
 // stateCollector reads the plugin that New built last; one per process.
 type stateCollector struct {
@@ -55,11 +135,9 @@ func (c *stateCollector) setSource(pl *DynamicMIG, nodes corelisters.NodeLister,
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- migInstanceDesc
-	ch <- legacyMigInstanceDesc
-	ch <- allocatedDesc
-	ch <- capacityDesc
-	ch <- pendingDesc
+	for _, d := range stateDescs {
+		ch <- d
+	}
 }
 
 // gpuTally is what is reserved on one GPU.
@@ -67,6 +145,18 @@ type gpuTally struct {
 	memory, cores, shares int
 	slots                 uint32
 }
+
+// containerDevice is one container's devices on one GPU: the per-container series have one
+// sample per container and GPU, since a MIG container's instances of one GPU would give
+// samples with equal labels.
+type containerDevice struct {
+	namespace, pod string
+	container      int
+	gpu            string
+}
+
+// containerTally is what a container holds on one GPU.
+type containerTally struct{ memory, cores int }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
@@ -94,80 +184,132 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			byNode[p.Spec.NodeName] = append(byNode[p.Spec.NodeName], p)
 		}
 	}
-	gauge := func(d *prometheus.Desc, v float64, l ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
-	}
 	for _, node := range nodeList {
 		gpus, ok, err := pl.inventory.get(node)
 		if !ok || err != nil {
 			continue
 		}
-		tally := map[string]*gpuTally{}
-		index := map[string]string{}
-		byID := map[string]*api.GPU{}
-		for i := range gpus {
-			tally[gpus[i].ID] = &gpuTally{}
-			index[gpus[i].ID] = strconv.Itoa(int(gpus[i].Index))
-			byID[gpus[i].ID] = &gpus[i]
+		collectNode(ch, pl, node.Name, gpus, byNode[node.Name], legacy)
+	}
+}
+
+// collectNode exports one node's GPUs and the devices its pods hold.
+func collectNode(ch chan<- prometheus.Metric, pl *DynamicMIG, node string, gpus []api.GPU, pods []*v1.Pod, legacy bool) {
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	tally := map[string]*gpuTally{}
+	index := map[string]string{}
+	byID := map[string]*api.GPU{}
+	for i := range gpus {
+		tally[gpus[i].ID] = &gpuTally{}
+		index[gpus[i].ID] = strconv.Itoa(int(gpus[i].Index))
+		byID[gpus[i].ID] = &gpus[i]
+	}
+	containers := map[containerDevice]*containerTally{}
+	hold := func(p *v1.Pod, container int, gpu string, memory, cores int) {
+		k := containerDevice{namespace: p.Namespace, pod: p.Name, container: container, gpu: gpu}
+		t, ok := containers[k]
+		if !ok {
+			t = &containerTally{}
+			containers[k] = t
 		}
-		for _, p := range byNode[node.Name] {
-			if raw, ok := p.Annotations[api.MigReservationsAnnotation]; ok {
-				recs, err := pl.reservations.decode(raw)
-				if err != nil {
+		t.memory += memory
+		t.cores += cores
+	}
+	for _, p := range pods {
+		if raw, ok := p.Annotations[api.MigReservationsAnnotation]; ok {
+			recs, err := pl.reservations.decode(raw)
+			if err != nil {
+				continue
+			}
+			for _, r := range recs {
+				t, ok := tally[r.GPUUUID]
+				if !ok {
 					continue
 				}
-				for _, r := range recs {
-					t, ok := tally[r.GPUUUID]
-					if !ok {
-						continue
-					}
-					t.slots |= uint32(((uint64(1) << uint(min(r.Placement.Size, 32))) - 1) << uint(min(r.Placement.Start, 31)))
-					t.shares++
-					if prof, ok := byID[r.GPUUUID].Profile(r.Profile); ok {
-						t.memory += prof.MemoryMB
-						t.cores += prof.Core
-					}
-					if !r.Realized() {
-						continue
-					}
-					gauge(migInstanceDesc, 1, node.Name, r.GPUUUID, index[r.GPUUUID], r.MigUUID, r.Profile,
-						strconv.Itoa(int(*r.GPUInstanceID)), strconv.Itoa(int(*r.ComputeInstanceID)),
-						strconv.Itoa(r.Placement.Start), strconv.Itoa(r.Placement.Size))
-					if legacy {
-						gauge(legacyMigInstanceDesc, 1, node.Name, r.GPUUUID, index[r.GPUUUID], r.Profile+"-"+strconv.Itoa(r.Placement.Start))
-					}
+				t.slots |= uint32(((uint64(1) << uint(min(r.Placement.Size, 32))) - 1) << uint(min(r.Placement.Start, 31)))
+				t.shares++
+				memory, cores := 0, 0
+				if prof, ok := byID[r.GPUUUID].Profile(r.Profile); ok {
+					memory, cores = prof.MemoryMB, prof.Core
 				}
-			}
-			if raw, ok := p.Annotations[api.DevicesAllocatedAnnotation]; ok {
-				containers, err := api.DecodeHAMiCoreDevices(api.DevicesAllocatedAnnotation, raw)
-				if err != nil {
+				t.memory += memory
+				t.cores += cores
+				hold(p, r.ContainerIndex, r.GPUUUID, memory, cores)
+				if !r.Realized() {
 					continue
 				}
-				for _, devs := range containers {
-					for _, d := range devs {
-						if t, ok := tally[d.UUID]; ok {
-							t.memory += d.MemoryMiB
-							t.cores += d.Cores
-							t.shares++
-						}
+				gauge(migInstanceDesc, 1, node, r.GPUUUID, index[r.GPUUUID], r.MigUUID, r.Profile,
+					strconv.Itoa(int(*r.GPUInstanceID)), strconv.Itoa(int(*r.ComputeInstanceID)),
+					strconv.Itoa(r.Placement.Start), strconv.Itoa(r.Placement.Size))
+				if legacy {
+					gauge(legacyMigInstanceDesc, 1, node, r.GPUUUID, index[r.GPUUUID], r.Profile+"-"+strconv.Itoa(int(*r.GPUInstanceID)))
+				}
+			}
+		}
+		if raw, ok := p.Annotations[api.DevicesAllocatedAnnotation]; ok {
+			assigned, err := api.DecodeHAMiCoreDevices(api.DevicesAllocatedAnnotation, raw)
+			if err != nil {
+				continue
+			}
+			for container, devs := range assigned {
+				for _, d := range devs {
+					if t, ok := tally[d.UUID]; ok {
+						t.memory += d.MemoryMiB
+						t.cores += d.Cores
+						t.shares++
+						hold(p, container, d.UUID, d.MemoryMiB, d.Cores)
 					}
 				}
 			}
 		}
-		for i := range gpus {
-			g := &gpus[i]
-			t := tally[g.ID]
-			labels := func(resource string) []string { return []string{node.Name, g.ID, index[g.ID], g.Mode, resource} }
-			if g.Mode == api.ModeMIG {
-				gauge(capacityDesc, float64(g.SlotCount()), labels("slots")...)
-				gauge(allocatedDesc, float64(bits.OnesCount32(t.slots)), labels("slots")...)
+	}
+	for i := range gpus {
+		g := &gpus[i]
+		t := tally[g.ID]
+		idx := index[g.ID]
+		labels := func(resource string) []string { return []string{node, g.ID, idx, g.Mode, resource} }
+		if g.Mode == api.ModeMIG {
+			gauge(capacityDesc, float64(g.SlotCount()), labels("slots")...)
+			gauge(allocatedDesc, float64(bits.OnesCount32(t.slots)), labels("slots")...)
+		}
+		gauge(capacityDesc, float64(g.Devmem), labels("memory_mib")...)
+		gauge(capacityDesc, float64(g.Devcore), labels("cores_percent")...)
+		gauge(capacityDesc, float64(g.Count), labels("shares")...)
+		gauge(allocatedDesc, float64(t.memory), labels("memory_mib")...)
+		gauge(allocatedDesc, float64(t.cores), labels("cores_percent")...)
+		gauge(allocatedDesc, float64(t.shares), labels("shares")...)
+
+		cores, memoryLimit := strconv.Itoa(g.Devcore), strconv.Itoa(g.Devmem)
+		gauge(gpuMemoryLimitDesc, mib(g.Devmem), node, g.ID, idx, g.Type)
+		gauge(gpuCoreLimitDesc, float64(g.Devcore), node, g.ID, idx, g.Type)
+		gauge(gpuMemoryAllocatedDesc, mib(t.memory), node, g.ID, idx, cores, g.Type)
+		gauge(gpuSharedDesc, float64(t.shares), node, g.ID, idx, g.Type)
+		gauge(gpuCoreAllocatedDesc, float64(t.cores), node, g.ID, idx, g.Type)
+		gauge(gpuOverviewDesc, mib(t.memory), node, g.ID, idx, cores, memoryLimit, g.Type)
+		if g.Devmem > 0 { // as HAMi: no ratio of a GPU without memory
+			gauge(gpuMemoryRatioDesc, float64(t.memory)/float64(g.Devmem), node, g.ID, idx)
+		}
+		if legacy {
+			gauge(legacyMemoryLimitDesc, mib(g.Devmem), node, g.ID, idx, g.Type)
+			gauge(legacyCoreLimitDesc, float64(g.Devcore), node, g.ID, idx, g.Type)
+			gauge(legacyMemoryAllocatedDesc, mib(t.memory), node, g.ID, idx, cores, g.Type)
+			gauge(legacySharedDesc, float64(t.shares), node, g.ID, idx, g.Type)
+			gauge(legacyCoreAllocatedDesc, float64(t.cores), node, g.ID, idx, g.Type)
+			gauge(legacyOverviewDesc, mib(t.memory), node, g.ID, idx, cores, memoryLimit, g.Type)
+			if g.Devmem > 0 {
+				gauge(legacyMemoryRatioDesc, float64(t.memory)/float64(g.Devmem), node, g.ID, idx)
 			}
-			gauge(capacityDesc, float64(g.Devmem), labels("memory_mib")...)
-			gauge(capacityDesc, float64(g.Devcore), labels("cores_percent")...)
-			gauge(capacityDesc, float64(g.Count), labels("shares")...)
-			gauge(allocatedDesc, float64(t.memory), labels("memory_mib")...)
-			gauge(allocatedDesc, float64(t.cores), labels("cores_percent")...)
-			gauge(allocatedDesc, float64(t.shares), labels("shares")...)
+		}
+	}
+	for k, t := range containers {
+		container := strconv.Itoa(k.container)
+		gauge(containerMemoryDesc, mib(t.memory), k.namespace, node, k.pod, container, k.gpu)
+		gauge(containerCoreDesc, float64(t.cores), k.namespace, node, k.pod, container, k.gpu)
+		if legacy {
+			gauge(legacyContainerMemoryDesc, mib(t.memory), k.namespace, node, k.pod, container, k.gpu)
+			gauge(legacyContainerCoreDesc, float64(t.cores), k.namespace, node, k.pod, container, k.gpu)
 		}
 	}
 }

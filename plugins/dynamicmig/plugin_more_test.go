@@ -591,8 +591,8 @@ func TestStateMetrics(t *testing.T) {
 		return strings.Contains(out, `mig_uuid="MIG-abc"`)
 	})
 	for _, want := range []string{
-		`hami_node_gpu_mig_instance_info{compute_instance_id="0",device_index="0",device_uuid="` + recs[0].GPUUUID + `",gpu_instance_id="3",mig_uuid="MIG-abc",node="n",placement_size="2",placement_start="0",profile="2g.10gb"} 1`,
-		`nodeGPUMigInstance{deviceidx="0",deviceuuid="` + recs[0].GPUUUID + `",migname="2g.10gb-0",nodeid="n",zone="vGPU"} 1`,
+		`hami_node_gpu_mig_instance_info{compute_instance_id="0",device_index="0",device_uuid="` + recs[0].GPUUUID + `",gpu_instance_id="3",mig_uuid="MIG-abc",node="n",placement_size="2",placement_start="0",profile="2g.10gb",zone="vGPU"} 1`,
+		`nodeGPUMigInstance{deviceidx="0",deviceuuid="` + recs[0].GPUUUID + `",migname="2g.10gb-3",nodeid="n",zone="vGPU"} 1`,
 		`dynamig_scheduler_gpu_allocated{device_index="0",device_uuid="` + recs[0].GPUUUID + `",mode="mig",node="n",resource="slots"} 4`,
 		`dynamig_scheduler_gpu_allocated{device_index="0",device_uuid="` + recs[0].GPUUUID + `",mode="mig",node="n",resource="memory_mib"} 19712`,
 		`dynamig_scheduler_gpu_capacity{device_index="0",device_uuid="` + recs[0].GPUUUID + `",mode="mig",node="n",resource="slots"} 8`,

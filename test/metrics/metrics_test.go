@@ -15,6 +15,7 @@ import (
 
 	devicemetrics "github.com/dynamig/dynamig/deviceplugin/metrics"
 	"github.com/dynamig/dynamig/plugins/dynamicmig"
+	"github.com/dynamig/dynamig/test/metricsdoc"
 )
 
 const (
@@ -82,30 +83,6 @@ type docRow struct {
 	section      string
 }
 
-// cells splits a Markdown table row; a | inside backticks is text.
-func cells(line string) []string {
-	var out []string
-	var cur strings.Builder
-	code := false
-	for _, r := range strings.TrimSpace(line) {
-		switch {
-		case r == '`':
-			code = !code
-			cur.WriteRune(r)
-		case r == '|' && !code:
-			out = append(out, strings.TrimSpace(cur.String()))
-			cur.Reset()
-		default:
-			cur.WriteRune(r)
-		}
-	}
-	out = append(out, strings.TrimSpace(cur.String()))
-	if len(out) >= 2 {
-		out = out[1 : len(out)-1] // the empty text outside the outer bars
-	}
-	return out
-}
-
 // documented reads the metrics tables of docs/metrics.md by metric name.
 func documented(t *testing.T) map[string]docRow {
 	t.Helper()
@@ -123,7 +100,7 @@ func documented(t *testing.T) map[string]docRow {
 			inTable = false
 			continue
 		}
-		c := cells(line)
+		c := metricsdoc.Cells(line)
 		if len(c) >= 3 && c[0] == "metric" && c[1] == "type" && c[2] == "labels" {
 			inTable = true
 			continue
@@ -160,6 +137,50 @@ func TestDocsListEveryMetric(t *testing.T) {
 	for name, row := range docs {
 		if _, ok := metrics[name]; !ok && !strings.HasPrefix(row.section, "Webhook") {
 			t.Errorf("%s lists %s, which no dynamig registry has", docsFile, name)
+		}
+	}
+}
+
+// TestHAMiTable: each series the HAMi mapping table says dynamig exports is described by the
+// registry of the file it names (collector.go: the scheduler's; metrics.go: the device
+// plugin's) with exactly the row's labels and zone; a series it says is not exported is
+// in neither registry; and every series of HAMi's that the registries describe (every one
+// not named dynamig_*) has its row. test/metricsdoc's CheckScraped, called by the scheduler's
+// and the device plugin's tests, then finds each exported row in a scrape.
+func TestHAMiTable(t *testing.T) {
+	metrics := exported(t)
+	rows := map[string]bool{}
+	for _, row := range metricsdoc.HAMiTable(t) {
+		if rows[row.Name] {
+			t.Errorf("%s: %s has two rows in the HAMi table", docsFile, row.Name)
+		}
+		rows[row.Name] = true
+		m, ok := metrics[row.Name]
+		switch {
+		case row.DefinedIn == "":
+			if ok {
+				t.Errorf("%s: the HAMi table says %s is not exported, but a registry describes it", docsFile, row.Name)
+			}
+			continue
+		case !ok:
+			t.Errorf("%s: the HAMi table says %s is exported, and no registry describes it", docsFile, row.Name)
+			continue
+		case row.DefinedIn != metricsdoc.SchedulerFile && row.DefinedIn != metricsdoc.DevicePluginFile:
+			t.Errorf("%s: %s is defined in %s, which is neither %s nor %s", docsFile, row.Name, row.DefinedIn, metricsdoc.SchedulerFile, metricsdoc.DevicePluginFile)
+		case m.devicePlugin != (row.DefinedIn == metricsdoc.DevicePluginFile):
+			t.Errorf("%s: the HAMi table says %s is defined in %s, which is not the registry that describes it", docsFile, row.Name, row.DefinedIn)
+		}
+		want := append(slices.Clone(row.Labels), metricsdoc.Zone[0])
+		got := slices.Clone(m.labels)
+		slices.Sort(want)
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: the HAMi table gives %s the labels %v (and zone); its description has %v", docsFile, row.Name, row.Labels, got)
+		}
+	}
+	for name := range metrics {
+		if !strings.HasPrefix(name, "dynamig_") && !rows[name] {
+			t.Errorf("%s: %s is HAMi's series, and the HAMi table has no row of it", docsFile, name)
 		}
 	}
 }
