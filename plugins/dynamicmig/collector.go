@@ -3,6 +3,7 @@ package dynamicmig
 import (
 	"math/bits"
 	"strconv"
+	"strings"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
@@ -13,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/quota"
 )
 
 // The state metrics are computed at scrape time from the scheduler's informers: what is
@@ -110,6 +113,7 @@ var stateDescs = []*prometheus.Desc{
 	gpuOverviewDesc, gpuMemoryRatioDesc, containerMemoryDesc, containerCoreDesc,
 	legacyMigInstanceDesc, legacyMemoryLimitDesc, legacyCoreLimitDesc, legacyMemoryAllocatedDesc, legacySharedDesc,
 	legacyCoreAllocatedDesc, legacyOverviewDesc, legacyMemoryRatioDesc, legacyContainerMemoryDesc, legacyContainerCoreDesc,
+	quotaUsedDesc, legacyQuotaUsedDesc,
 }
 
 // mib is a MiB count in bytes, HAMi's unit of memory in its series.
@@ -191,6 +195,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		collectNode(ch, pl, node.Name, gpus, byNode[node.Name], legacy)
 	}
+	collectQuotas(ch, pl, nodeList, byNode, legacy)
 }
 
 // collectNode exports one node's GPUs and the devices its pods hold.
@@ -310,6 +315,75 @@ func collectNode(ch chan<- prometheus.Metric, pl *DynamicMIG, node string, gpus 
 		if legacy {
 			gauge(legacyContainerMemoryDesc, mib(t.memory), k.namespace, node, k.pod, container, k.gpu)
 			gauge(legacyContainerCoreDesc, float64(t.cores), k.namespace, node, k.pod, container, k.gpu)
+		}
+	}
+}
+
+// HAMi's series of a namespace's GPU quota use, with its names and labels: quota_name is the
+// resource (nvidia.com/gpumem, MiB; nvidia.com/gpucores, percent of a GPU), limit the
+// namespace's tightest quota of it ("0" without one, as HAMi writes a namespace it tracks
+// without a quota), the value what the namespace's bound pods are granted.
+var (
+	quotaUsedDesc = prometheus.NewDesc("hami_resource_quota_used", "resourcequota usage for a certain device",
+		[]string{"namespace", "quota_name", "limit"}, hamiZone)
+	legacyQuotaUsedDesc = prometheus.NewDesc("QuotaUsed", "resourcequota usage for a certain device",
+		[]string{"quotanamespace", "quotaName", "limit"}, hamiZone)
+)
+
+// namespaceQuota is a namespace's granted GPU memory and cores and its tightest limits (-1:
+// none).
+type namespaceQuota struct {
+	used             placement.Grant
+	memoryMiB, cores int64
+}
+
+// collectQuotas exports, for every namespace with a GPU quota or a bound pod granted GPU
+// memory or cores, what it is granted of each (pods is the bound pods that have not ended,
+// by node).
+func collectQuotas(ch chan<- prometheus.Metric, pl *DynamicMIG, nodes []*v1.Node, pods map[string][]*v1.Pod, legacy bool) {
+	namespaces := map[string]*namespaceQuota{}
+	of := func(ns string) *namespaceQuota {
+		if namespaces[ns] == nil {
+			namespaces[ns] = &namespaceQuota{memoryMiB: -1, cores: -1}
+		}
+		return namespaces[ns]
+	}
+	quotas, err := pl.quotaLister.List(labels.Everything())
+	if err != nil {
+		klog.Background().Error(err, "Listing ResourceQuotas for metrics")
+		return
+	}
+	for _, q := range quotas {
+		l, ok := pl.quotaNames.Of(q)
+		if !ok {
+			continue
+		}
+		n := of(q.Namespace)
+		n.memoryMiB = quota.Tighter(n.memoryMiB, l.MemoryMiB)
+		n.cores = quota.Tighter(n.cores, l.Cores)
+	}
+	for _, node := range nodes {
+		for _, p := range pods[node.Name] {
+			g, err := pl.granted(p, node)
+			if err != nil || g == (placement.Grant{}) {
+				continue
+			}
+			of(p.Namespace).used.Add(g)
+		}
+	}
+	for ns, n := range namespaces {
+		for _, r := range []struct {
+			name        v1.ResourceName
+			used, limit int64
+		}{{pl.quotaNames.Memory, n.used.MemoryMiB, n.memoryMiB}, {pl.quotaNames.Cores, n.used.Cores, n.cores}} {
+			if r.used == 0 && r.limit < 0 {
+				continue
+			}
+			name, limit := strings.TrimPrefix(string(r.name), quota.LimitPrefix), strconv.FormatInt(max(r.limit, 0), 10)
+			ch <- prometheus.MustNewConstMetric(quotaUsedDesc, prometheus.GaugeValue, float64(r.used), ns, name, limit)
+			if legacy {
+				ch <- prometheus.MustNewConstMetric(legacyQuotaUsedDesc, prometheus.GaugeValue, float64(r.used), ns, name, limit)
+			}
 		}
 	}
 }

@@ -19,7 +19,8 @@ import (
 // with exactly the labels the table lists, and the values are the reservations'.
 func TestHAMiSeries(t *testing.T) {
 	migNode := gpuNode(t, "mig-node", api.ModeMIG, "A100-40GB")
-	e := newEnv(t, &config.DynamicMIGArgs{LegacyMetrics: true}, []*v1.Node{migNode, gpuNode(t, "core-node", api.ModeHAMiCore, "A100-40GB")})
+	quota := gpuQuotaObject("gpu", map[string]int64{"limits." + api.ResourceMemory: 100000, "limits." + api.ResourceCores: 90})
+	e := newEnv(t, &config.DynamicMIGArgs{LegacyMetrics: true}, []*v1.Node{migNode, gpuNode(t, "core-node", api.ModeHAMiCore, "A100-40GB")}, quota)
 	gpus, err := api.DecodeInventory(migNode.Annotations[api.NodeInventoryAnnotation])
 	if err != nil || len(gpus) != 1 {
 		t.Fatalf("inventory %v, %v", gpus, err)
@@ -78,6 +79,10 @@ func TestHAMiSeries(t *testing.T) {
 		`GPUDeviceSharedNum{deviceidx="0",devicetype="` + gpu.Type + `",deviceuuid="` + mig + `",nodeid="mig-node",zone="vGPU"} 2`,
 		`vGPUMemoryAllocated{containeridx="0",deviceuuid="` + mig + `",nodename="mig-node",podname="m",podnamespace="default",zone="vGPU"} ` + migMemory,
 		`nodeGPUMigInstance{deviceidx="0",deviceuuid="` + mig + `",migname="2g.10gb-4",nodeid="mig-node",zone="vGPU"} 1`,
+		// The namespace's quota use: both MIG instances' profiles and the share.
+		`hami_resource_quota_used{limit="100000",namespace="default",quota_name="nvidia.com/gpumem",zone="vGPU"} ` + fmt.Sprint(reserved+4000),
+		`hami_resource_quota_used{limit="90",namespace="default",quota_name="nvidia.com/gpucores",zone="vGPU"} ` + fmt.Sprint(2*profile.Core+share.Cores),
+		`QuotaUsed{limit="100000",quotaName="nvidia.com/gpumem",quotanamespace="default",zone="vGPU"} ` + fmt.Sprint(reserved+4000),
 	} {
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("the scrape lacks %s", want)
@@ -86,7 +91,7 @@ func TestHAMiSeries(t *testing.T) {
 	if n := strings.Count(out, "\nhami_vgpu_memory_allocated_bytes{"); n != 2 {
 		t.Errorf("%d per-container memory samples, want 2 (one per container and GPU):\n%s", n, out)
 	}
-	if n := metricsdoc.CheckScraped(t, Registry, metricsdoc.SchedulerFile); n < 20 {
-		t.Errorf("the HAMi table lists %d series of %s, want HAMi's 9 and their 10 legacy names and the MIG instance's two", n, metricsdoc.SchedulerFile)
+	if n := metricsdoc.CheckScraped(t, Registry, metricsdoc.SchedulerFile); n < 22 {
+		t.Errorf("the HAMi table lists %d series of %s, want HAMi's 10 and their 11 legacy names and the MIG instance's", n, metricsdoc.SchedulerFile)
 	}
 }

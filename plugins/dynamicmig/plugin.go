@@ -26,6 +26,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/quota"
 	"github.com/dynamig/dynamig/signing"
 )
 
@@ -83,7 +84,7 @@ type DynamicMIG struct {
 	// quotaLister reads the namespaces' GPU quotas (quota.go) by their names quotaNames;
 	// quotaWaiting holds the pods they refused.
 	quotaLister  corelisters.ResourceQuotaLister
-	quotaNames   quotaResources
+	quotaNames   quota.Names
 	quotaWaiting *quotaWaiters
 }
 
@@ -123,7 +124,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, fts feature.Feat
 		leaseTimes:           newLeaseTimes(),
 		reservations:         newReservationCache(),
 		pending:              newPendingPods(),
-		quotaNames:           newQuotaResources(args.ResourceMemoryName, args.ResourceCoreName),
+		quotaNames:           quota.NamesOf(args.ResourceMemoryName, args.ResourceCoreName),
 		quotaWaiting:         newQuotaWaiters(),
 	}
 	// The heartbeat Leases: only the system namespace's Leases are watched, the node leases

@@ -13,25 +13,13 @@ import (
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/quota"
 )
 
-// Namespace GPU quotas, in HAMi's form: a ResourceQuota's spec.hard
-// limits.<memory resource> (MiB) and limits.<cores resource> (percent of a GPU) bound the
-// GPU memory and cores that the namespace's pods are granted, summed over their devices: a
-// MIG device counts its profile's memory and SMs (8,000 MiB asked on an A100-40GB is a
-// 2g.10gb: 9,856 MiB), a hami-core device its share. The API server's own quota does not
-// track these names (only requests.<extended resource> is an API-server quota of an
-// extended resource), so they are the scheduler's to enforce: a pod whose grant would take
-// the namespace past a limit is not scheduled, and is tried again when a GPU pod ends or a
-// quota of its namespace changes. Nothing running is ever evicted: pods that predate a
-// quota, or a quota lowered below what runs, count against it, and new pods wait.
-const quotaLimitPrefix = "limits."
-
-// gpuQuota is one ResourceQuota's GPU limits; a limit the quota does not set is -1.
-type gpuQuota struct {
-	name             string
-	memoryMiB, cores int64
-}
+// Namespace GPU quotas (package quota): a pod whose grant would take its namespace past a
+// limit is not scheduled, and is tried again when a GPU pod ends or a quota of its namespace
+// changes. Nothing running is ever evicted: pods that predate a quota, or a quota lowered
+// below what runs, count against it, and new pods wait.
 
 // quotaCheck is a pod's namespace's GPU quotas and what the namespace was granted at the
 // cycle's start: PreFilter computes it once from the cycle's snapshot, which holds the pods
@@ -39,38 +27,19 @@ type gpuQuota struct {
 // one after the other cannot both pass a limit only one fits in.
 type quotaCheck struct {
 	namespace string
-	quotas    []gpuQuota
+	quotas    []quota.Limits
 	used      placement.Grant
 }
 
-// quotaResources are the quota names DynamicMIG enforces.
-type quotaResources struct{ memory, cores v1.ResourceName }
-
-func newQuotaResources(memoryName, coresName string) quotaResources {
-	return quotaResources{memory: v1.ResourceName(quotaLimitPrefix + memoryName), cores: v1.ResourceName(quotaLimitPrefix + coresName)}
-}
-
-// limits reads q's GPU limits; ok is false when it sets neither.
-func (r quotaResources) limits(q *v1.ResourceQuota) (gpuQuota, bool) {
-	g := gpuQuota{name: q.Name, memoryMiB: -1, cores: -1}
-	if v, ok := q.Spec.Hard[r.memory]; ok {
-		g.memoryMiB = v.Value()
-	}
-	if v, ok := q.Spec.Hard[r.cores]; ok {
-		g.cores = v.Value()
-	}
-	return g, g.memoryMiB >= 0 || g.cores >= 0
-}
-
 // gpuQuotas are the namespace's ResourceQuotas that limit GPU memory or cores.
-func (pl *DynamicMIG) gpuQuotas(namespace string) ([]gpuQuota, error) {
+func (pl *DynamicMIG) gpuQuotas(namespace string) ([]quota.Limits, error) {
 	all, err := pl.quotaLister.ResourceQuotas(namespace).List(labels.Everything())
 	if err != nil {
 		return nil, err
 	}
-	var quotas []gpuQuota
+	var quotas []quota.Limits
 	for _, q := range all {
-		if g, ok := pl.quotaNames.limits(q); ok {
+		if g, ok := pl.quotaNames.Of(q); ok {
 			quotas = append(quotas, g)
 		}
 	}
@@ -127,13 +96,13 @@ func (pl *DynamicMIG) granted(p *v1.Pod, node *v1.Node) (placement.Grant, error)
 
 // exceeded says which of the namespace's quotas the grant would take past its limit, "" if
 // none.
-func (c *quotaCheck) exceeded(grant placement.Grant, names quotaResources) string {
+func (c *quotaCheck) exceeded(grant placement.Grant, names quota.Names) string {
 	for _, q := range c.quotas {
-		if q.memoryMiB >= 0 && c.used.MemoryMiB+grant.MemoryMiB > q.memoryMiB {
-			return c.refusal(q.name, names.memory, c.used.MemoryMiB, q.memoryMiB, grant.MemoryMiB)
+		if q.MemoryMiB >= 0 && c.used.MemoryMiB+grant.MemoryMiB > q.MemoryMiB {
+			return c.refusal(q.Name, names.Memory, c.used.MemoryMiB, q.MemoryMiB, grant.MemoryMiB)
 		}
-		if q.cores >= 0 && c.used.Cores+grant.Cores > q.cores {
-			return c.refusal(q.name, names.cores, c.used.Cores, q.cores, grant.Cores)
+		if q.Cores >= 0 && c.used.Cores+grant.Cores > q.Cores {
+			return c.refusal(q.Name, names.Cores, c.used.Cores, q.Cores, grant.Cores)
 		}
 	}
 	return ""
@@ -200,13 +169,13 @@ func (pl *DynamicMIG) onQuotaEvent(oldObj, newObj any) {
 	if q == nil {
 		return
 	}
-	oldLimits, oldGPU := gpuQuota{}, false
+	oldLimits, oldGPU := quota.Limits{}, false
 	if oldQ != nil {
-		oldLimits, oldGPU = pl.quotaNames.limits(oldQ)
+		oldLimits, oldGPU = pl.quotaNames.Of(oldQ)
 	}
-	newLimits, newGPU := gpuQuota{}, false
+	newLimits, newGPU := quota.Limits{}, false
 	if newQ != nil {
-		newLimits, newGPU = pl.quotaNames.limits(newQ)
+		newLimits, newGPU = pl.quotaNames.Of(newQ)
 	}
 	if !oldGPU && !newGPU || oldLimits == newLimits {
 		return

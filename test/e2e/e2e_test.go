@@ -567,6 +567,11 @@ func TestNamespaceQuota(t *testing.T) {
 	if msg := w.pending("c"); !strings.Contains(msg, want) {
 		t.Errorf("c's reason: %q, want it to say %q", msg, want)
 	}
+	if out := w.kubectlDynamig("quotas"); !slices.ContainsFunc(strings.Split(out, "\n"), func(l string) bool {
+		return slices.Equal(strings.Fields(l), []string{"default", "gpu", "limits.nvidia.com/gpumem", "19712", "20000"})
+	}) {
+		t.Errorf("kubectl dynamig quotas:\n%s", out)
+	}
 	// d comes as a's room is freed: c and d race for it, and one of them wins.
 	w.Create(pod("d", "mig", 1, 8000))
 	w.delete("a")

@@ -1,6 +1,7 @@
 // Package app is `kubectl dynamig`: what dynamig did, read from the cluster — per GPU the
 // slot map of MIG reservations and the room left per profile (`nodes`), the GPU pods and the
-// state of their reservations (`pods`), and the built-in GPU model table (`models`).
+// state of their reservations (`pods`), the namespaces' GPU quota use (`quotas`), and the
+// built-in GPU model table (`models`).
 package app
 
 import (
@@ -27,6 +28,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/inspect"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/quota"
 	"github.com/dynamig/dynamig/version"
 )
 
@@ -76,7 +78,7 @@ func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
 	root.PersistentFlags().StringVar(&o.resource, "resource-name", "", "the GPU count resource that makes a pod a GPU pod (default: the scheduler config's resourceCountName; nodes and pods: "+api.ResourceCount+")")
 	root.PersistentFlags().StringVar(&o.schedulerConfig, "scheduler-config", "", "explain and simulate: a KubeSchedulerConfiguration file to take DynamicMIG's args from, instead of the cluster's ConfigMap dynamig-scheduler-config")
 	root.PersistentFlags().StringVar(&o.deviceConfigFile, "device-config", "", "explain and simulate: a device-config.yaml to use instead of the cluster's ConfigMap dynamig-device-config")
-	root.AddCommand(o.nodesCommand(), o.podsCommand(), o.explainCommand(), o.simulateCommand(), o.modelsCommand())
+	root.AddCommand(o.nodesCommand(), o.podsCommand(), o.quotasCommand(), o.explainCommand(), o.simulateCommand(), o.modelsCommand())
 	return root
 }
 
@@ -219,6 +221,49 @@ func (o *options) podsCommand() *cobra.Command {
 		},
 	}
 	c.Flags().BoolVarP(&all, "all-namespaces", "A", false, "GPU pods of every namespace")
+	return c
+}
+
+func (o *options) quotasCommand() *cobra.Command {
+	var all bool
+	c := &cobra.Command{
+		Use:   "quotas",
+		Short: "Namespace GPU quotas (ResourceQuotas with limits.nvidia.com/gpumem or limits.nvidia.com/gpucores): what the namespace's pods are granted against each limit",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if err := o.validOutput(); err != nil {
+				return err
+			}
+			ns := ""
+			if !all {
+				var err error
+				if ns, _, err = o.config.ToRawKubeConfigLoader().Namespace(); err != nil {
+					return err
+				}
+			}
+			obj, err := o.read(c.Context())
+			if err != nil {
+				return err
+			}
+			quotas, err := obj.client.CoreV1().ResourceQuotas(ns).List(c.Context(), metav1.ListOptions{})
+			if err != nil {
+				return fmt.Errorf("listing ResourceQuotas: %w", err)
+			}
+			policy, _, err := o.policy(c.Context(), obj.client, "")
+			if err != nil {
+				return err
+			}
+			rows := inspect.Quotas(obj.nodes, obj.pods, quotas.Items, quota.NamesOf(policy.Args.ResourceMemoryName, policy.Args.ResourceCoreName))
+			if ns != "" {
+				rows = slices.DeleteFunc(rows, func(r inspect.QuotaUse) bool { return r.Namespace != ns })
+			}
+			if ok, err := o.print(map[string]any{"quotas": rows}); ok {
+				return err
+			}
+			return writeQuotas(o.streams.Out, rows, o.colour())
+		},
+	}
+	c.Flags().BoolVarP(&all, "all-namespaces", "A", false, "quotas of every namespace")
 	return c
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -446,4 +447,28 @@ func (p palette) paint(s, colour string) string {
 		colour = plain
 	}
 	return colour + s + reset
+}
+
+// writeQuotas prints the namespaces' GPU quota use, one line per quota and resource.
+func writeQuotas(w io.Writer, rows []inspect.QuotaUse, pal palette) error {
+	if len(rows) == 0 {
+		_, err := fmt.Fprintln(w, "No GPU quotas, and no namespace is granted GPU memory or cores.")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
+	fmt.Fprintf(tw, "NAMESPACE\tQUOTA\tRESOURCE\t%s\tLIMIT\n", pal.paint("USED", ""))
+	for _, r := range rows {
+		name, limit, colour := r.Quota, "<none>", ""
+		if name == "" {
+			name = "<none>"
+		}
+		if r.Limit != nil {
+			limit = strconv.FormatInt(*r.Limit, 10)
+			if r.Used >= *r.Limit {
+				colour = red // full: the next GPU pod of the namespace waits
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Namespace, name, r.Resource, pal.paint(strconv.FormatInt(r.Used, 10), colour), limit)
+	}
+	return tw.Flush()
 }
