@@ -41,11 +41,11 @@ type Landing struct {
 
 // dynamicMIGWeight is DynamicMIG's Score weight in the shipped scheduler profile, and
 // otherScoreRoom the most kube-scheduler's other default score plugins can add for a pod
-// without affinity, spread constraints or tolerations (NodeResourcesFit,
-// NodeResourcesBalancedAllocation and ImageLocality, 100 each at weight 1).
+// without affinity, spread constraints or tolerations (NodeResourcesBalancedAllocation and
+// ImageLocality, 100 each at weight 1; the profile turns NodeResourcesFit's score off).
 const (
 	dynamicMIGWeight = 10
-	otherScoreRoom   = 300
+	otherScoreRoom   = 200
 )
 
 // Simulate places pods, one by one in the scheduler's queue order (higher priority first,

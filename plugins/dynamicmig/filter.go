@@ -15,8 +15,12 @@ import (
 	"github.com/dynamig/dynamig/plugins/dynamicmig/request"
 )
 
-// gpuRequestSignKey names DynamicMIG's fragment of a pod's batching signature.
-const gpuRequestSignKey = "dynamig.io/v1.Pod.Spec.Containers.Resources.GPURequest()"
+// gpuRequestSignKey names DynamicMIG's fragment of a GPU pod's batching signature, and
+// nodePolicySignKey that of another pod.
+const (
+	gpuRequestSignKey = "dynamig.io/v1.Pod.Spec.Containers.Resources.GPURequest()"
+	nodePolicySignKey = "dynamig.io/v1.Pod.Annotations.NodeSchedulerPolicy()"
+)
 
 // signedRequest is what Filter, Score and Reserve read of a GPU pod: its request as the
 // allocator sees it, and the node policy Score ranks by.
@@ -30,14 +34,16 @@ type signedRequest struct {
 // That is right for DynamicMIG: Filter and Score of a node read that node's inventory and
 // pods only, and Reserve the fit Filter found on the chosen node (a batched pod skips Score),
 // so a placement on one node changes no other node's feasibility or score. A pod whose
-// request PreFilter refuses is not signed; a pod without one signs nothing of ours.
+// request PreFilter refuses is not signed; a pod without one signs its node policy, which
+// Score ranks its nodes' CPU and memory by.
 func (pl *DynamicMIG) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragment, *fwk.Status) {
 	req, err := request.Parse(pod, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
 	if err != nil {
 		return nil, fwk.NewStatus(fwk.Unschedulable, "an invalid GPU request is not signable")
 	}
 	if req == nil {
-		return nil, nil
+		// Score ranks its nodes by their CPU and memory, by its node policy.
+		return []fwk.SignFragment{{Key: nodePolicySignKey, Value: hostNodePolicy(pod, pl.args.NodeSchedulerPolicy)}}, nil
 	}
 	return []fwk.SignFragment{{Key: gpuRequestSignKey, Value: signedRequest{Request: req.Request, NodePolicy: req.NodePolicy}}}, nil
 }

@@ -410,8 +410,8 @@ func TestSignPodAndSkips(t *testing.T) {
 	if _, st := e.pl.SignPod(e.ctx, cpu); !st.IsSuccess() {
 		t.Errorf("CPU pods keep batching: %v", st)
 	}
-	if frags, st := e.pl.SignPod(e.ctx, cpu); !st.IsSuccess() || frags != nil {
-		t.Errorf("CPU pods sign nothing of DynamicMIG's: %v %v", frags, st)
+	if frags, st := e.pl.SignPod(e.ctx, cpu); !st.IsSuccess() || len(frags) != 1 || frags[0].Key != nodePolicySignKey || frags[0].Value != api.PolicyBinpack {
+		t.Errorf("CPU pods sign their node policy only (Score ranks their nodes' CPU and memory by it): %v %v", frags, st)
 	}
 	state := framework.NewCycleState()
 	e.snapshot.set(cache.NewSnapshot(nil, e.nodes))
@@ -421,7 +421,8 @@ func TestSignPodAndSkips(t *testing.T) {
 	if st := e.pl.Bind(e.ctx, state, cpu, "n"); st.Code() != fwk.Skip {
 		t.Errorf("Bind must skip CPU pods for DefaultBinder: %v", st)
 	}
-	// A whole cycle for a CPU pod: Filter and Score skipped, DefaultBinder binds it.
+	// A whole cycle for a CPU pod: Filter skipped, Score by CPU and memory, DefaultBinder
+	// binds it.
 	if _, err := e.client.CoreV1().Pods("default").Create(e.ctx, cpu, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -701,7 +702,7 @@ func TestSignPodConcurrently(t *testing.T) {
 					t.Errorf("goroutine %d: GPU pod: %v %v", i, frags, st)
 					return
 				}
-				if frags, st := e.pl.SignPod(e.ctx, cpu); !st.IsSuccess() || frags != nil {
+				if frags, st := e.pl.SignPod(e.ctx, cpu); !st.IsSuccess() || len(frags) != 1 || frags[0].Value != api.PolicyBinpack {
 					t.Errorf("goroutine %d: CPU pod: %v %v", i, frags, st)
 					return
 				}

@@ -118,6 +118,11 @@ func TestShippedSchedulerConfig(t *testing.T) {
 			t.Errorf("default plugin %s is not enabled at Filter: %v", name, names(plugins.Filter))
 		}
 	}
+	// DynamicMIG ranks CPU and memory by the node policy: NodeResourcesFit's LeastAllocated
+	// score, which would spread them whatever the policy, is off; the balance score stays.
+	if score := names(plugins.Score); slices.Contains(score, "NodeResourcesFit") || !slices.Contains(score, "NodeResourcesBalancedAllocation") {
+		t.Errorf("Score plugins = %v: want NodeResourcesFit off, NodeResourcesBalancedAllocation on", score)
+	}
 
 	var prof *schedconfig.KubeSchedulerProfile
 	for i := range cc.ComponentConfig.Profiles {

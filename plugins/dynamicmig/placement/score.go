@@ -34,6 +34,12 @@ const (
 // fullest-first, and on both mixes no figure is behind first-fit's by more than its
 // standard error.
 //
+// The policy holds for the node's CPU and memory too (hostUtil, HostUtilisation), which
+// kube-scheduler's NodeResourcesFit would otherwise spread (its LeastAllocated score, which
+// the shipped profile turns off): binpack prefers, after the fragmentation cost and being in
+// use, the node whose CPU and memory are fuller, by tenths, so that small differences (a
+// node's own daemons) leave the fixed order to decide; spread the emptier.
+//
 // spread: the emptier node after placement (GPU occupancy, then CPU and memory) wins, less
 // the fragmentation cost when fragmentationAware.
 func NodeScore(gpuUtil, hostUtil float64, inUse bool, cost int, nodePolicy string, fragmentationAware bool) int64 {
@@ -43,12 +49,28 @@ func NodeScore(gpuUtil, hostUtil float64, inUse bool, cost int, nodePolicy strin
 	if nodePolicy == api.PolicySpread {
 		return int64(math.Round((1-gpuUtil)*gpuWeight+(1-hostUtil)*hostWeight)) - int64(cost*fragmentationWeight)
 	}
-	// Lexicographic: a unit of cost outweighs being in use.
+	// Lexicographic: a unit of cost outweighs being in use, which outweighs the host.
 	score := -2 * int64(cost)
 	if inUse {
 		score++
 	}
-	return score
+	return score*(hostTenths+1) + hostFullness(hostUtil)
+}
+
+// hostTenths is how finely binpack tells nodes' CPU and memory apart.
+const hostTenths = 10
+
+// hostFullness is a host utilisation in tenths.
+func hostFullness(hostUtil float64) int64 { return int64(math.Round(hostUtil * hostTenths)) }
+
+// HostScore is the raw score of a node for a pod without GPU request by the node policy:
+// binpack the fuller CPU and memory (by tenths, then the node order of NormalizeScores),
+// spread the emptier.
+func HostScore(hostUtil float64, nodePolicy string) int64 {
+	if nodePolicy == api.PolicySpread {
+		return int64(math.Round((1 - hostUtil) * hostWeight))
+	}
+	return hostFullness(hostUtil)
 }
 
 // NormalizeScores maps the raw scores of the nodes named names onto [0, MaxNodeScore], in

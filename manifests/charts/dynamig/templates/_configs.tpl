@@ -81,11 +81,18 @@ profiles:
     # multiPoint enables DynamicMIG at every extension point it implements: PreFilter,
     # Filter, PreScore, Score, Reserve (and Unreserve), Bind; the defaults stay enabled.
     # Weight 10 at Score: for a GPU pod, where its devices fit best (occupancy and
-    # fragmentation) outweighs the default plugins' CPU/memory spreading (weight 1 each).
+    # fragmentation) outweighs the default plugins' scores (weight 1 each).
     multiPoint:
       enabled:
       - name: DynamicMIG
         weight: 10
+    # DynamicMIG's Score ranks every pod's nodes by their CPU and memory too, by the node
+    # policy (nodeSchedulerPolicy, or the pod's hami.io/node-scheduler-policy): binpack
+    # fills them, spread empties them. NodeResourcesFit's score (LeastAllocated) would
+    # spread them whatever the policy, so it is off; NodeResourcesFit still filters.
+    score:
+      disabled:
+      - name: NodeResourcesFit
     # A plugin enabled by multiPoint lands after the default ones, i.e. after DefaultBinder,
     # which would bind every pod and leave DynamicMIG's Bind unused (a GPU pod bound without
     # its reservation). So bind is ordered explicitly: DynamicMIG binds GPU pods (one
@@ -103,7 +110,7 @@ profiles:
       # No node advertises these: they describe the GPU request, which DynamicMIG fits.
       # Kubelet drops extended resources its node lacks before its own admission check.
       # The other fields (ignoredResourceGroups, scoringStrategy) are left unset and take
-      # kube-scheduler's defaults (scoringStrategy LeastAllocated over cpu and memory, weight 1).
+      # kube-scheduler's defaults (its scoringStrategy is unused: its score is off above).
       ignoredResources:
       - {{ .Values.resourceMem }}
       - {{ .Values.resourceMemPercentage }}
