@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -157,8 +158,13 @@ func TestHAMiValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := cfg.Nvidia.MigProfileAllowlist; len(got) != 1 || len(got[0].Profiles) != 3 || cfg.Nvidia.DeviceSplitCount != 8 {
-		t.Errorf("device-config.content not carried over: allowlist %+v, deviceSplitCount %d", got, cfg.Nvidia.DeviceSplitCount)
+	if got := cfg.Nvidia.MigProfileAllowlist; len(got) != 1 || len(got[0].Profiles) != 3 || cfg.Nvidia.DeviceSplitCount != 8 || cfg.Nvidia.DefaultGPUNum != 2 {
+		t.Errorf("device-config.content not carried over: allowlist %+v, deviceSplitCount %d, defaultGPUNum %d", got, cfg.Nvidia.DeviceSplitCount, cfg.Nvidia.DefaultGPUNum)
+	}
+	// The webhook, which gives a container asking only for GPU memory or cores defaultGPUNum
+	// devices, reads that device config.
+	if !mountsDeviceConfig(Find(objs, "Deployment", "dynamig-webhook")) {
+		t.Error("the webhook does not read the dynamig-device-config ConfigMap (defaultGPUNum)")
 	}
 	// devicePlugin.nodeConfiguration.config is the node config.
 	node, _ := ConfigMapData(objs, "dynamig-device-plugin", "config.json")
@@ -220,6 +226,30 @@ func TestHAMiValues(t *testing.T) {
 	if raw, _ := yaml.Marshal(vap.Object); !strings.Contains(string(raw), "== 'hami-scheduler'") {
 		t.Errorf("dynamig-gpu-pods does not require hami-scheduler:\n%s", raw)
 	}
+}
+
+// mountsDeviceConfig is whether the workload's first container reads the device config
+// (--config) from a volume of the ConfigMap dynamig-device-config.
+func mountsDeviceConfig(o *unstructured.Unstructured) bool {
+	volumes, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "volumes")
+	containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+	args, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+	mounts, _, _ := unstructured.NestedSlice(containers[0].(map[string]any), "volumeMounts")
+	for _, v := range volumes {
+		name, _, _ := unstructured.NestedString(v.(map[string]any), "name")
+		cm, _, _ := unstructured.NestedString(v.(map[string]any), "configMap", "name")
+		if cm != "dynamig-device-config" {
+			continue
+		}
+		for _, m := range mounts {
+			mn, _, _ := unstructured.NestedString(m.(map[string]any), "name")
+			path, _, _ := unstructured.NestedString(m.(map[string]any), "mountPath")
+			if mn == name && slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--config="+path+"/") }) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // TestRenderRefusesNvcdiOnRootDriver: nvcdi needs the driver mounted at its host path, which
