@@ -597,6 +597,39 @@ func TestNamespaceQuota(t *testing.T) {
 	w.running(loser)
 }
 
+// TestNodePolicyOverHost: with the shipped profile, the node policy holds for CPU and
+// memory: of two nodes alike in GPUs, a binpack GPU pod goes to the one whose CPU is more
+// requested, a spread one to the other (kube-scheduler's NodeResourcesFit alone would spread
+// both).
+func TestNodePolicyOverHost(t *testing.T) {
+	w := start(t, mig("a", "A100-40GB"), mig("b", "A100-40GB"))
+	node, err := w.C.CoreV1().Nodes().Get(w.Ctx, "b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Half of b's allocatable CPU, on b without the scheduler.
+	half := node.Status.Allocatable.Cpu().MilliValue() / 2
+	busy := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "busy", Namespace: "default"}, Spec: v1.PodSpec{NodeName: "b",
+		Containers: []v1.Container{{Name: "main", Image: "ubuntu:22.04", Command: []string{"sleep", "infinity"},
+			Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: *resource.NewMilliQuantity(half, resource.DecimalSI)}}}}}}
+	w.Create(busy)
+	w.running("busy")
+	// Each alone on GPUs alike: only the CPU tells a from b.
+	w.Create(pod("spread", "mig", 1, 8000, api.NodeSchedulerPolicyAnnotation, api.PolicySpread))
+	w.running("spread")
+	if n := w.Get("spread").Spec.NodeName; n != "a" {
+		t.Errorf("the spread pod is on %s, want a", n)
+	}
+	w.delete("spread")
+	w.gone("a", "spread")
+	w.gonePods("spread")
+	w.Create(pod("packed", "mig", 1, 8000))
+	w.running("packed")
+	if n := w.Get("packed").Spec.NodeName; n != "b" {
+		t.Errorf("the binpack pod is on %s, want b (its CPU half requested; the node order alone picks a)", n)
+	}
+}
+
 // TestNUMABind: a pod annotated nvidia.com/numa-bind: "true" gets its devices on GPUs of one
 // NUMA node: with one GPU of NUMA node 0 taken, the two whole GPUs it asks for are both on
 // NUMA node 1, which the node's inventory says (the simulator's GPUs over two NUMA nodes).
