@@ -162,6 +162,7 @@ profiles:
       createSigningKey: {{ .Values.scheduler.createSigningKey }}
       # Ignored by dynamig-scheduler: its --dynamig-metrics-bind-address flag wins.
       metricsBindAddress: {{ .Values.scheduler.metricsBindAddress | quote }}
-      # Also export HAMi's nodeGPUMigInstance metric.
+      # Also export HAMi's scheduler series under their legacy names (nodeGPUMigInstance,
+      # GPUDeviceMemoryLimit, vGPUMemoryAllocated, QuotaUsed, …; docs/metrics.md).
       legacyMetrics: {{ .Values.legacyMetrics }}
 {{- end }}
