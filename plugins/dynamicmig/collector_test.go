@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
@@ -43,14 +42,7 @@ func TestHAMiSeries(t *testing.T) {
 	for i := range recs {
 		recs[i].SetRuntime(fmt.Sprintf("MIG-%d", i), uint32(3+i), 0)
 	}
-	raw, err := api.EncodeMigReservations(recs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Annotations[api.MigReservationsAnnotation] = raw
-	if _, err := e.client.CoreV1().Pods("default").Update(e.ctx, p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.realise(p, recs)
 	var out string
 	waitFor(t, func() bool {
 		out = scrape(t)

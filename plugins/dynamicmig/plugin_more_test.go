@@ -581,11 +581,7 @@ func TestStateMetrics(t *testing.T) {
 	p := e.pod("a")
 	recs, _ := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
 	recs[0].SetRuntime("MIG-abc", 3, 0)
-	raw, _ := api.EncodeMigReservations(recs)
-	p.Annotations[api.MigReservationsAnnotation] = raw
-	if _, err := e.client.CoreV1().Pods("default").Update(e.ctx, p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.realise(p, recs)
 	var out string
 	waitFor(t, func() bool {
 		out = scrape(t)

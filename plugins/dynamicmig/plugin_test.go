@@ -270,6 +270,19 @@ func (e *env) schedule(pod *v1.Pod) (*v1.Pod, map[string]*fwk.Status) {
 	return e.pod(pod.Name), nil
 }
 
+// realise stores recs, realised, on the bound pod p, as its node's device plugin does.
+func (e *env) realise(p *v1.Pod, recs []api.MigReservation) {
+	e.t.Helper()
+	raw, err := api.EncodeMigReservations(recs)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	p.Annotations[api.MigReservationsAnnotation] = raw
+	if _, err := e.client.CoreV1().Pods(p.Namespace).Update(e.ctx, p, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 func (e *env) mustSchedule(pod *v1.Pod) []api.MigReservation {
 	e.t.Helper()
 	bound, statuses := e.schedule(pod)

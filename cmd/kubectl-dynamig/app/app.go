@@ -189,11 +189,13 @@ func (o *options) nodesCommand() *cobra.Command {
 	}
 }
 
-func (o *options) podsCommand() *cobra.Command {
+// namespacedCommand is a command that shows one namespace (kubectl's -n, or the context's), or
+// every namespace with -A: run gets the namespace, "" for all.
+func (o *options) namespacedCommand(use, short, allHelp string, run func(ctx context.Context, ns string) error) *cobra.Command {
 	var all bool
 	c := &cobra.Command{
-		Use:   "pods",
-		Short: "GPU pods with their reservations and realisation state (reserved, realised with the MIG UUID, failed with the reason)",
+		Use:   use,
+		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if err := o.validOutput(); err != nil {
@@ -206,7 +208,17 @@ func (o *options) podsCommand() *cobra.Command {
 					return err
 				}
 			}
-			cl, err := o.snapshot(c.Context())
+			return run(c.Context(), ns)
+		},
+	}
+	c.Flags().BoolVarP(&all, "all-namespaces", "A", false, allHelp)
+	return c
+}
+
+func (o *options) podsCommand() *cobra.Command {
+	return o.namespacedCommand("pods", "GPU pods with their reservations and realisation state (reserved, realised with the MIG UUID, failed with the reason)",
+		"GPU pods of every namespace", func(ctx context.Context, ns string) error {
+			cl, err := o.snapshot(ctx)
 			if err != nil {
 				return err
 			}
@@ -217,39 +229,22 @@ func (o *options) podsCommand() *cobra.Command {
 			if ok, err := o.print(map[string]any{"pods": pods}); ok {
 				return err
 			}
-			return writePods(o.streams.Out, pods, all, o.output == outputWide, o.now(), o.colour())
-		},
-	}
-	c.Flags().BoolVarP(&all, "all-namespaces", "A", false, "GPU pods of every namespace")
-	return c
+			return writePods(o.streams.Out, pods, ns == "", o.output == outputWide, o.now(), o.colour())
+		})
 }
 
 func (o *options) quotasCommand() *cobra.Command {
-	var all bool
-	c := &cobra.Command{
-		Use:   "quotas",
-		Short: "Namespace GPU quotas (ResourceQuotas with limits.nvidia.com/gpumem or limits.nvidia.com/gpucores): what the namespace's pods are granted against each limit",
-		Args:  cobra.NoArgs,
-		RunE: func(c *cobra.Command, _ []string) error {
-			if err := o.validOutput(); err != nil {
-				return err
-			}
-			ns := ""
-			if !all {
-				var err error
-				if ns, _, err = o.config.ToRawKubeConfigLoader().Namespace(); err != nil {
-					return err
-				}
-			}
-			obj, err := o.read(c.Context())
+	return o.namespacedCommand("quotas", "Namespace GPU quotas (ResourceQuotas with limits.nvidia.com/gpumem or limits.nvidia.com/gpucores): what the namespace's pods are granted against each limit",
+		"quotas of every namespace", func(ctx context.Context, ns string) error {
+			obj, err := o.read(ctx)
 			if err != nil {
 				return err
 			}
-			quotas, err := obj.client.CoreV1().ResourceQuotas(ns).List(c.Context(), metav1.ListOptions{})
+			quotas, err := obj.client.CoreV1().ResourceQuotas(ns).List(ctx, metav1.ListOptions{})
 			if err != nil {
 				return fmt.Errorf("listing ResourceQuotas: %w", err)
 			}
-			policy, _, err := o.policy(c.Context(), obj.client, "")
+			policy, _, err := o.policy(ctx, obj.client, "")
 			if err != nil {
 				return err
 			}
@@ -261,10 +256,7 @@ func (o *options) quotasCommand() *cobra.Command {
 				return err
 			}
 			return writeQuotas(o.streams.Out, rows, o.colour())
-		},
-	}
-	c.Flags().BoolVarP(&all, "all-namespaces", "A", false, "quotas of every namespace")
-	return c
+		})
 }
 
 func (o *options) explainCommand() *cobra.Command {
