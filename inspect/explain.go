@@ -56,8 +56,9 @@ func Explain(pod *v1.Pod, nodes []v1.Node, pods []v1.Pod, leases []coordinationv
 		return &Explanation{Refusal: why, Nodes: []Verdict{}}, nil
 	}
 	out := []Verdict{}
+	quotas := policy.quotaCheck(pod, candidates)
 	for _, c := range candidates {
-		j := policy.judge(pod, req, c)
+		j := policy.judge(pod, req, c, quotas)
 		j.GPUNode = c.gpuNode
 		out = append(out, j.Verdict)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/quota"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/request"
 )
 
@@ -24,6 +25,34 @@ import (
 type Policy struct {
 	Args   *config.DynamicMIGArgs
 	Device *config.DeviceConfig
+	// Quotas are the cluster's ResourceQuotas: those with GPU limits refuse a pod whose grant
+	// would take its namespace past them (Explain).
+	Quotas []v1.ResourceQuota
+}
+
+// quotaCheck is the pod's namespace's GPU quota check as the scheduler's PreFilter counts
+// it, over the bound pods of candidates and the pods a simulation placed; nil when no quota
+// limits the namespace.
+func (p *Policy) quotaCheck(pod *v1.Pod, candidates []*candidate) *quota.Check {
+	names := quota.NamesOf(p.Args.ResourceMemoryName, p.Args.ResourceCoreName)
+	check := &quota.Check{Namespace: pod.Namespace}
+	for i := range p.Quotas {
+		if l, ok := names.Of(&p.Quotas[i]); ok && p.Quotas[i].Namespace == pod.Namespace {
+			check.Limits = append(check.Limits, l)
+		}
+	}
+	if len(check.Limits) == 0 {
+		return nil
+	}
+	for _, c := range candidates {
+		for _, h := range c.holders {
+			if ns, _, _ := strings.Cut(h.pod, "/"); ns == pod.Namespace {
+				check.Used.Add(h.held.Grant(c.inventory))
+				check.Used.Add((&placement.Result{Assignments: h.assignments}).Grant())
+			}
+		}
+	}
+	return check
 }
 
 func (p *Policy) options() placement.Options {
@@ -188,9 +217,9 @@ type judgement struct {
 }
 
 // judge runs, for pod on c, kube-scheduler's object-only filters in its order, then
-// DynamicMIG's Filter (heartbeat, inventory, reservations, the allocator) and, when the pod
-// fits, DynamicMIG's Score.
-func (p *Policy) judge(pod *v1.Pod, req *request.Request, c *candidate) judgement {
+// DynamicMIG's Filter (heartbeat, inventory, reservations, the allocator, the namespace's
+// GPU quotas when quotas is not nil) and, when the pod fits, DynamicMIG's Score.
+func (p *Policy) judge(pod *v1.Pod, req *request.Request, c *candidate, quotas *quota.Check) judgement {
 	j := judgement{Verdict: Verdict{Node: c.Name}, candidate: c}
 	if !c.preFiltered(req.Mode) {
 		j.Reason, j.Detail = ReasonNotPreFiltered, "the node publishes no GPU inventory"
@@ -229,6 +258,12 @@ func (p *Policy) judge(pod *v1.Pod, req *request.Request, c *candidate) judgemen
 			j.FitsWithout = p.fitsWithout(req, c)
 		}
 		return j
+	}
+	if quotas != nil {
+		if msg := quotas.Exceeded(res.Grant(), quota.NamesOf(p.Args.ResourceMemoryName, p.Args.ResourceCoreName)); msg != "" {
+			j.Reason = msg
+			return j
+		}
 	}
 	j.Fits, j.result = true, res
 	for _, a := range res.Assignments {

@@ -2,12 +2,15 @@ package inspect
 
 import (
 	"testing"
+	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/quota"
 )
 
@@ -55,3 +58,29 @@ func TestQuotas(t *testing.T) {
 }
 
 func ptrTo(v int64) *int64 { return &v }
+
+// TestExplainAndSimulateQuota: explain and simulate refuse as the scheduler does when the
+// pod's grant would take its namespace past a GPU quota, with the scheduler's words; simulate
+// counts the pods it placed before.
+func TestExplainAndSimulateQuota(t *testing.T) {
+	n := node(t, "n", a100(t, "GPU-a"))
+	n.Status.Allocatable = v1.ResourceList{v1.ResourceCPU: resource.MustParse("32"), v1.ResourceMemory: resource.MustParse("256Gi"), v1.ResourcePods: resource.MustParse("110")}
+	running := bound(t, "a", "n", rec("GPU-a", "2g.10gb", 0, 2), rec("GPU-a", "2g.10gb", 2, 2))
+	p := policy(t, config.DefaultDeviceConfig())
+	p.Quotas = []v1.ResourceQuota{{ObjectMeta: metav1.ObjectMeta{Name: "gpu", Namespace: "default"},
+		Spec: v1.ResourceQuotaSpec{Hard: v1.ResourceList{"limits.nvidia.com/gpumem": resource.MustParse("20000")}}}}
+	leases := []coordinationv1.Lease{lease("n", time.Now())}
+	e, err := Explain(gpuPod("c", "mig", "1000", ""), []v1.Node{n}, []v1.Pod{running}, leases, p, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := quota.Reason + ": ResourceQuota default/gpu limits.nvidia.com/gpumem: 19712 used of 20000, and the pod would be granted 4864 on this node"
+	if len(e.Nodes) != 1 || e.Nodes[0].Fits || e.Nodes[0].Reason != want {
+		t.Errorf("explain: %+v, want %q", e.Nodes, want)
+	}
+	// Without a's pod, the first fits and the second passes the quota.
+	landings := Simulate([]*v1.Pod{gpuPod("d", "mig", "8000", ""), gpuPod("e", "mig", "8000", ""), gpuPod("f", "mig", "1000", "")}, []v1.Node{n}, nil, leases, p, time.Now())
+	if landings[0].Node != "n" || landings[1].Node != "n" || landings[2].Node != "" || len(landings[2].Refusals) != 1 {
+		t.Errorf("simulate: %+v", landings)
+	}
+}

@@ -73,8 +73,9 @@ func Simulate(pods []*v1.Pod, nodes []v1.Node, existing []v1.Pod, leases []coord
 		}
 		var fits []judgement
 		refusals := map[string]int{}
+		quotas := policy.quotaCheck(pod, candidates)
 		for _, c := range candidates {
-			if j := policy.judge(pod, req, c); j.Fits {
+			if j := policy.judge(pod, req, c, quotas); j.Fits {
 				fits = append(fits, j)
 			} else {
 				refusals[j.Reason]++

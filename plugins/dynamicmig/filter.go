@@ -159,7 +159,7 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 		return fwk.NewStatus(code, string(refusal.Reason))
 	}
 	if s.quota != nil {
-		if msg := s.quota.exceeded(cached.fit.result.Grant(), pl.quotaNames); msg != "" {
+		if msg := s.quota.Exceeded(cached.fit.result.Grant(), pl.quotaNames); msg != "" {
 			// Unresolvable by preemption: the namespace's use was counted over the whole
 			// cluster at PreFilter, and no victim on this node lowers it.
 			pl.quotaWaiting.add(pod)

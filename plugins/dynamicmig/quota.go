@@ -21,16 +21,6 @@ import (
 // changes. Nothing running is ever evicted: pods that predate a quota, or a quota lowered
 // below what runs, count against it, and new pods wait.
 
-// quotaCheck is a pod's namespace's GPU quotas and what the namespace was granted at the
-// cycle's start: PreFilter computes it once from the cycle's snapshot, which holds the pods
-// reserved by earlier cycles (assumed) as well as the bound ones, so that two pods scheduled
-// one after the other cannot both pass a limit only one fits in.
-type quotaCheck struct {
-	namespace string
-	quotas    []quota.Limits
-	used      placement.Grant
-}
-
 // gpuQuotas are the namespace's ResourceQuotas that limit GPU memory or cores.
 func (pl *DynamicMIG) gpuQuotas(namespace string) ([]quota.Limits, error) {
 	all, err := pl.quotaLister.ResourceQuotas(namespace).List(labels.Everything())
@@ -49,12 +39,16 @@ func (pl *DynamicMIG) gpuQuotas(namespace string) ([]quota.Limits, error) {
 // quotaCheckFor is the pod's namespace's quota check, nil when no quota limits it. The
 // namespace's grant is summed over the snapshot's pods, which costs a pass over every pod of
 // the cluster, made only for pods of a namespace with a GPU quota.
-func (pl *DynamicMIG) quotaCheckFor(pod *v1.Pod, nodes []fwk.NodeInfo) (*quotaCheck, error) {
+//
+// The use is counted at the cycle's start over the snapshot, which holds the pods reserved by
+// earlier cycles (assumed) as well as the bound ones, so that two pods scheduled one after the
+// other cannot both pass a limit only one fits in.
+func (pl *DynamicMIG) quotaCheckFor(pod *v1.Pod, nodes []fwk.NodeInfo) (*quota.Check, error) {
 	quotas, err := pl.gpuQuotas(pod.Namespace)
 	if err != nil || len(quotas) == 0 {
 		return nil, err
 	}
-	c := &quotaCheck{namespace: pod.Namespace, quotas: quotas}
+	c := &quota.Check{Namespace: pod.Namespace, Limits: quotas}
 	for _, ni := range nodes {
 		for _, pi := range ni.GetPods() {
 			p := pi.GetPod()
@@ -65,7 +59,7 @@ func (pl *DynamicMIG) quotaCheckFor(pod *v1.Pod, nodes []fwk.NodeInfo) (*quotaCh
 			if err != nil {
 				return nil, fmt.Errorf("counting the GPU quota of namespace %s: pod %s: %w", pod.Namespace, p.Name, err)
 			}
-			c.used.Add(g)
+			c.Used.Add(g)
 		}
 	}
 	return c, nil
@@ -92,25 +86,6 @@ func (pl *DynamicMIG) granted(p *v1.Pod, node *v1.Node) (placement.Grant, error)
 		}
 	}
 	return held.Grant(gpus), nil
-}
-
-// exceeded says which of the namespace's quotas the grant would take past its limit, "" if
-// none.
-func (c *quotaCheck) exceeded(grant placement.Grant, names quota.Names) string {
-	for _, q := range c.quotas {
-		if q.MemoryMiB >= 0 && c.used.MemoryMiB+grant.MemoryMiB > q.MemoryMiB {
-			return c.refusal(q.Name, names.Memory, c.used.MemoryMiB, q.MemoryMiB, grant.MemoryMiB)
-		}
-		if q.Cores >= 0 && c.used.Cores+grant.Cores > q.Cores {
-			return c.refusal(q.Name, names.Cores, c.used.Cores, q.Cores, grant.Cores)
-		}
-	}
-	return ""
-}
-
-func (c *quotaCheck) refusal(quota string, resource v1.ResourceName, used, limit, grant int64) string {
-	return fmt.Sprintf("%s: ResourceQuota %s/%s %s: %d used of %d, and the pod would be granted %d on this node",
-		reasonQuota, c.namespace, quota, resource, used, limit, grant)
 }
 
 // quotaWaiters are the pods refused for their namespace's GPU quota, by namespace: a change
@@ -197,4 +172,4 @@ func (pl *DynamicMIG) quotaHandler() cache.ResourceEventHandler {
 }
 
 // reasonQuota is the refusal's and the metric's reason.
-const reasonQuota = "namespace GPU quota exceeded"
+const reasonQuota = quota.Reason

@@ -8,6 +8,7 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/quota"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/request"
 )
 
@@ -24,7 +25,7 @@ type stateData struct {
 	// checks in its place (takeFitRequest); 0 when none was taken.
 	devices int64
 	// quota is the pod's namespace's GPU quotas and use, nil when none limits it.
-	quota *quotaCheck
+	quota *quota.Check
 
 	mu   sync.Mutex
 	fits map[string]*nodeFit

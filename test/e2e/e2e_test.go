@@ -572,6 +572,9 @@ func TestNamespaceQuota(t *testing.T) {
 	}) {
 		t.Errorf("kubectl dynamig quotas:\n%s", out)
 	}
+	if out := w.kubectlDynamig("explain", "c"); !strings.Contains(out, want) {
+		t.Errorf("kubectl dynamig explain c does not say %q:\n%s", want, out)
+	}
 	// d comes as a's room is freed: c and d race for it, and one of them wins.
 	w.Create(pod("d", "mig", 1, 8000))
 	w.delete("a")

@@ -240,6 +240,7 @@ func (o *options) quotasCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// Listed here too: a quota that may not be read is an error for this command.
 			quotas, err := obj.client.CoreV1().ResourceQuotas(ns).List(ctx, metav1.ListOptions{})
 			if err != nil {
 				return fmt.Errorf("listing ResourceQuotas: %w", err)
@@ -300,8 +301,9 @@ func (o *options) explainCommand() *cobra.Command {
 // policy is what the scheduler decides with: DynamicMIG's args and the device config, each
 // from the file given (--scheduler-config, --device-config), else from the cluster's
 // ConfigMap (the chart's dynamig-scheduler-config and dynamig-device-config in
-// --dynamig-namespace; client nil: none is read), else the shipped defaults. schedulerName
-// picks the profile; source says where each came from.
+// --dynamig-namespace; client nil: none is read), else the shipped defaults, with the
+// cluster's ResourceQuotas (GPU quotas; none when they may not be read). schedulerName picks
+// the profile; source says where each came from.
 func (o *options) policy(ctx context.Context, client kubernetes.Interface, schedulerName string) (*inspect.Policy, string, error) {
 	schedRaw, schedFrom, err := o.configSource(ctx, client, o.schedulerConfig, "dynamig-scheduler-config", "config.yaml")
 	if err != nil {
@@ -335,6 +337,16 @@ func (o *options) policy(ctx context.Context, client kubernetes.Interface, sched
 	}
 	if o.resource != "" {
 		p.Args.ResourceCountName = o.resource
+	}
+	// The namespaces' GPU quotas refuse as the scheduler does (not readable: none applied).
+	if client != nil {
+		quotas, err := client.CoreV1().ResourceQuotas(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+		switch {
+		case err == nil:
+			p.Quotas = quotas.Items
+		case !apierrors.IsForbidden(err):
+			return nil, "", fmt.Errorf("listing ResourceQuotas: %w", err)
+		}
 	}
 	return p, schedFrom + " and " + devFrom, nil
 }

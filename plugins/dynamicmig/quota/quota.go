@@ -8,7 +8,11 @@
 package quota
 
 import (
+	"fmt"
+
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
 
 // LimitPrefix is HAMi's prefix of a quota's GPU limits.
@@ -47,4 +51,33 @@ func Tighter(a, b int64) int64 {
 		return b
 	}
 	return a
+}
+
+// Reason is a quota refusal's reason, the start of its message.
+const Reason = "namespace GPU quota exceeded"
+
+// Check is a namespace's GPU quotas and what its pods are granted.
+type Check struct {
+	Namespace string
+	Limits    []Limits
+	Used      placement.Grant
+}
+
+// Exceeded says which of the namespace's quotas grant would take past its limit, as the
+// scheduler's refusal says it; "" if none.
+func (c *Check) Exceeded(grant placement.Grant, names Names) string {
+	for _, q := range c.Limits {
+		if q.MemoryMiB >= 0 && c.Used.MemoryMiB+grant.MemoryMiB > q.MemoryMiB {
+			return c.refusal(q.Name, names.Memory, c.Used.MemoryMiB, q.MemoryMiB, grant.MemoryMiB)
+		}
+		if q.Cores >= 0 && c.Used.Cores+grant.Cores > q.Cores {
+			return c.refusal(q.Name, names.Cores, c.Used.Cores, q.Cores, grant.Cores)
+		}
+	}
+	return ""
+}
+
+func (c *Check) refusal(quota string, resource v1.ResourceName, used, limit, grant int64) string {
+	return fmt.Sprintf("%s: ResourceQuota %s/%s %s: %d used of %d, and the pod would be granted %d on this node",
+		Reason, c.Namespace, quota, resource, used, limit, grant)
 }
