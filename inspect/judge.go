@@ -44,13 +44,8 @@ func (p *Policy) quotaCheck(pod *v1.Pod, candidates []*candidate) *quota.Check {
 	if len(check.Limits) == 0 {
 		return nil
 	}
-	for _, c := range candidates {
-		for _, h := range c.holders {
-			if ns, _, _ := strings.Cut(h.pod, "/"); ns == pod.Namespace {
-				check.Used.Add(h.held.Grant(c.inventory))
-				check.Used.Add((&placement.Result{Assignments: h.assignments}).Grant())
-			}
-		}
+	if used := namespaceGrants(candidates)[pod.Namespace]; used != nil {
+		check.Used = *used
 	}
 	return check
 }

@@ -3,10 +3,11 @@ package inspect
 import (
 	"cmp"
 	"slices"
+	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 
-	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/quota"
 )
@@ -32,27 +33,7 @@ type QuotaUse struct {
 // namespace, quota and resource order. Pods reserved and not bound yet are not counted (only
 // the scheduler sees them).
 func Quotas(nodes []v1.Node, pods []v1.Pod, quotas []v1.ResourceQuota, names quota.Names) []QuotaUse {
-	inventories := map[string][]api.GPU{}
-	for i := range nodes {
-		if gpus, err := api.DecodeInventory(nodes[i].Annotations[api.NodeInventoryAnnotation]); err == nil {
-			inventories[nodes[i].Name] = gpus
-		}
-	}
-	used := map[string]*placement.Grant{}
-	for i := range pods {
-		p := &pods[i]
-		if p.Spec.NodeName == "" || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
-			continue
-		}
-		held, found, err := placement.DecodeHeld(p.Annotations, api.DecodeMigReservations)
-		if !found || err != nil {
-			continue
-		}
-		if used[p.Namespace] == nil {
-			used[p.Namespace] = &placement.Grant{}
-		}
-		used[p.Namespace].Add(held.Grant(inventories[p.Spec.NodeName]))
-	}
+	used := namespaceGrants(newCandidates(nodes, pods, nil, time.Time{}, nil))
 	of := func(ns string, r v1.ResourceName) int64 {
 		g := used[ns]
 		switch {
@@ -93,4 +74,22 @@ func Quotas(nodes []v1.Node, pods []v1.Pod, quotas []v1.ResourceQuota, names quo
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Quota, b.Quota), cmp.Compare(a.Resource, b.Resource))
 	})
 	return out
+}
+
+// namespaceGrants is what each namespace's pods hold on candidates, as the scheduler counts
+// it: bound pods' reservations (a MIG reservation's profile as its node's inventory publishes
+// it) and the pods a simulation placed.
+func namespaceGrants(candidates []*candidate) map[string]*placement.Grant {
+	used := map[string]*placement.Grant{}
+	for _, c := range candidates {
+		for _, h := range c.holders {
+			ns, _, _ := strings.Cut(h.pod, "/")
+			if used[ns] == nil {
+				used[ns] = &placement.Grant{}
+			}
+			used[ns].Add(h.held.Grant(c.inventory))
+			used[ns].Add((&placement.Result{Assignments: h.assignments}).Grant())
+		}
+	}
+	return used
 }
