@@ -78,10 +78,13 @@ func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *
 	if err != nil {
 		return nil, fwk.AsStatus(err)
 	}
-	// The fits map has room for the nodes kube-scheduler may filter: growing it node by node
-	// costs more (BenchmarkCycle1000Nodes).
 	state.Write(stateKey, &stateData{req: req, key: string(key), now: time.Now(), devices: pl.takeFitRequest(state), quota: quota,
-		fits: make(map[string]*nodeFit, min(gpuNodes.Len(), maxPresizedFits)), refused: &sync.Map{}, attempt: pl.pending.start(pod)})
+		fitsRoom: min(gpuNodes.Len(), maxPresizedFits), refused: &sync.Map{}, attempt: pl.pending.start(pod)})
+	if gpuNodes.Len() == len(nodes) {
+		// Every node: kube-scheduler would clone the set for each pod (PreFilterResult.Merge)
+		// to filter the nodes it filters anyway.
+		return nil, nil
+	}
 	return &fwk.PreFilterResult{NodeNames: gpuNodes}, nil
 }
 

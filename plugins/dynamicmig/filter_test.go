@@ -60,7 +60,7 @@ func TestFitCacheFollowsNodeInfoGeneration(t *testing.T) {
 // TestPreFilterLimitsToGPUNodes: PreFilter's result is the nodes with a GPU of a mode the pod
 // accepts, and those whose inventory does not decode (Filter says why they are refused); a
 // node's update is seen in the next cycle; with no such node PreFilter refuses the pod,
-// naming the mode.
+// naming the mode; when every node has one, the result is all nodes.
 func TestPreFilterLimitsToGPUNodes(t *testing.T) {
 	broken := gpuNode(t, "broken", api.ModeMIG, "A100-40GB")
 	broken.Annotations[api.NodeInventoryAnnotation] = "not an inventory"
@@ -76,6 +76,10 @@ func TestPreFilterLimitsToGPUNodes(t *testing.T) {
 		if !st.IsSuccess() || res.AllNodes() || !slices.Equal(sets.List(res.NodeNames), want) {
 			t.Errorf("mode %q: %v %v, want nodes %v", mode, res, st, want)
 		}
+	}
+	// Every node has a GPU of the mode: all nodes, without a set kube-scheduler would clone.
+	if res, st := preFilter(gpuPod("p", api.ModeMIG, [2]int{1, 4000}), nodes[:1]); !st.IsSuccess() || !res.AllNodes() {
+		t.Errorf("only GPU nodes: %v %v, want all nodes", res, st)
 	}
 	// The MIG node stops publishing: the next cycle's Node object is another one.
 	updated := nodes[0].DeepCopy()

@@ -2,6 +2,7 @@ package dynamicmig
 
 import (
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -29,6 +30,8 @@ type stateData struct {
 
 	mu   sync.Mutex
 	fits map[string]*nodeFit
+	// fitsRoom is the room fits gets once the cycle filters more than a few nodes (setFit).
+	fitsRoom int
 	// refused holds the nodes whose refusal of this pod was counted in this cycle, shared
 	// with the cycle's clones: kube-scheduler's batching filters the previous pod's node as a
 	// probe before the pod's own Filter calls, and preemption's dry runs filter again.
@@ -42,9 +45,16 @@ func (s *stateData) observeRefusal(node, reason string) {
 	}
 }
 
-// maxPresizedFits bounds the room PreFilter makes for a cycle's fits: kube-scheduler filters
-// a share of a large cluster's nodes per pod (percentageOfNodesToScore), not all of them.
-const maxPresizedFits = 1024
+// A cycle's fits start small: a batched pod is filtered on one or two nodes (the hinted one,
+// and the previous pod's as a probe). Past fewFits, fits moves to a map with room for the
+// nodes kube-scheduler may filter: growing it node by node costs more
+// (BenchmarkCycle1000Nodes), and so does making that room for every pod in a burst
+// (docs/benchmarks/throughput.md). maxPresizedFits bounds the room: kube-scheduler filters a
+// share of a large cluster's nodes per pod (percentageOfNodesToScore), not all of them.
+const (
+	fewFits         = 8
+	maxPresizedFits = 1024
+)
 
 // nodeFit is a pod's fit on one node and the occupancy it was computed against.
 // It may be shared by cycles (fitCache): nothing writes to it after Filter.
@@ -61,16 +71,21 @@ type nodeFit struct {
 func (s *stateData) Clone() fwk.StateData {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := &stateData{req: s.req, key: s.key, attempt: s.attempt, now: s.now, devices: s.devices, quota: s.quota, fits: make(map[string]*nodeFit, len(s.fits)), refused: s.refused}
-	for k, v := range s.fits {
-		c.fits[k] = v
-	}
-	return c
+	return &stateData{req: s.req, key: s.key, attempt: s.attempt, now: s.now, devices: s.devices, quota: s.quota,
+		fits: maps.Clone(s.fits), fitsRoom: s.fitsRoom, refused: s.refused}
 }
 
 func (s *stateData) setFit(node string, f *nodeFit) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	switch {
+	case s.fits == nil:
+		s.fits = make(map[string]*nodeFit, fewFits)
+	case len(s.fits) == fewFits && s.fitsRoom > fewFits:
+		grown := make(map[string]*nodeFit, s.fitsRoom)
+		maps.Copy(grown, s.fits)
+		s.fits = grown
+	}
 	s.fits[node] = f
 }
 
