@@ -179,7 +179,13 @@ fuzz:
 # go vet's analyzers on this module's packages (hack/vet: the dependencies' facts are not
 # computed, 260 of 390 CPU-seconds of vetting the newest minor's graph).
 NO_KUBERNETES_PKGS := ./api/... ./config/... ./nvml/... ./signing/... ./metricsserver/... ./manifests/... ./version/... ./inspect/... ./plugins/dynamicmig/placement/... ./plugins/dynamicmig/quota/... ./plugins/dynamicmig/request/... ./webhook/... ./cmd/dynamig-webhook/... ./images/...
+# It first says how much disk the build cache, the module cache and temporary files have
+# (make test's first step): a cold make test writes about 16 GB (build cache 12, modules 3,
+# the go command's temporary copies of what it compiles up to 4).
 lint:
+	@for d in "$$($(GO) env GOCACHE)" "$$($(GO) env GOMODCACHE)" "$${TMPDIR:-/tmp}"; do \
+		p=$$d; while [ ! -e "$$p" ]; do p=$$(dirname "$$p"); done; \
+		echo "disk: $$(df -h --output=avail "$$p" | tail -1 | tr -d ' ') free for $$d"; done
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) build -o $(BIN)/vet ./hack/vet
 	$(GO) vet -vettool=$(abspath $(BIN)/vet) ./...

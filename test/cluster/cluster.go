@@ -31,9 +31,7 @@ import (
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/server/v3/embed"
-	"go.etcd.io/etcd/server/v3/storage/mvcc"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -474,15 +472,4 @@ func randomHex(n int) string {
 		panic(err)
 	}
 	return hex.EncodeToString(b)
-}
-
-// Compact compacts etcd's history up to its current revision and frees the space, so that
-// a benchmark's next run does not carry the history of the last one in memory.
-func (cp *ControlPlane) Compact(ctx context.Context) error {
-	srv := cp.etcd.Server
-	rev := srv.KV().Rev()
-	if _, err := srv.Compact(ctx, &etcdserverpb.CompactionRequest{Revision: rev, Physical: true}); err != nil && !errors.Is(err, mvcc.ErrCompacted) {
-		return fmt.Errorf("compacting etcd at revision %d: %w", rev, err)
-	}
-	return nil
 }

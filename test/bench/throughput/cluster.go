@@ -156,20 +156,6 @@ func addCPUNodes(ctx context.Context, admin kubernetes.Interface, n int) error {
 	})
 }
 
-// deleteNodes removes GPU nodes [from, to) and their heartbeat Leases.
-func deleteNodes(ctx context.Context, admin kubernetes.Interface, from, to int) error {
-	return parallel(8, to-from, func(i int) error {
-		name := nodeName(from + i)
-		if err := admin.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
-			return fmt.Errorf("deleting node %s: %w", name, err)
-		}
-		if err := admin.CoordinationV1().Leases(api.DefaultSystemNamespace).Delete(ctx, api.HeartbeatLeaseName(name), metav1.DeleteOptions{}); err != nil {
-			return fmt.Errorf("deleting the heartbeat of %s: %w", name, err)
-		}
-		return nil
-	})
-}
-
 // renameProfile is a configuration edit that names the (one) profile schedulerName.
 func renameProfile(schedulerName string) func(doc map[string]any) error {
 	return func(doc map[string]any) error {

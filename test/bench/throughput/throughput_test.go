@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -94,4 +95,40 @@ func bindings(r Result) int {
 		}
 	}
 	return n
+}
+
+// A scenario's row is its median round, and each round's pods/s comes with its ratio to
+// (a)'s in the same round; every other round runs the scenarios in the reverse order.
+func TestRounds(t *testing.T) {
+	cfg := Config{QPS: []QPS{DefaultQPS, HighQPS}, Rounds: []int{1, 3}, Order: []string{"a", "b"}}
+	if cfg.rounds(0) != 1 || cfg.rounds(1) != 3 || (Config{}).rounds(0) != 1 {
+		t.Errorf("rounds: %d %d, want 1 3", cfg.rounds(0), cfg.rounds(1))
+	}
+	keys := func(round int) (out []string) {
+		for _, sc := range cfg.order(round) {
+			out = append(out, sc.Key)
+		}
+		return out
+	}
+	if !slices.Equal(keys(0), []string{"a", "b"}) || !slices.Equal(keys(1), []string{"b", "a"}) || !slices.Equal(keys(2), []string{"a", "b"}) {
+		t.Errorf("orders of rounds 1, 2, 3: %v %v %v, want a b, b a, a b", keys(0), keys(1), keys(2))
+	}
+	rep := &Report{Config: cfg}
+	a, b := Scenarios[0], Scenarios[3]
+	for i, rates := range [][2]float64{{300, 330}, {400, 360}, {350, 420}} {
+		rep.Results = append(rep.Results, Result{Nodes: 100, QPS: HighQPS, Scenario: a, Round: i, PodsPerSec: rates[0]},
+			Result{Nodes: 100, QPS: HighQPS, Scenario: b, Round: i, PodsPerSec: rates[1]})
+	}
+	if x := rep.find(100, HighQPS, "a"); x == nil || x.PodsPerSec != 350 {
+		t.Errorf("median round of (a): %+v, want 350 pods/s", x)
+	}
+	if x := rep.find(100, HighQPS, "b"); x == nil || x.PodsPerSec != 360 {
+		t.Errorf("median round of (b): %+v, want 360 pods/s", x)
+	}
+	if got, want := rep.roundRates(100, HighQPS, "b"), "330.0 (1.10), 360.0 (0.90), 420.0 (1.20)"; got != want {
+		t.Errorf("rounds of (b): %q, want %q", got, want)
+	}
+	if rep.find(100, DefaultQPS, "a") != nil {
+		t.Error("found a result of a QPS that did not run")
+	}
 }

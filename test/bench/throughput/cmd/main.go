@@ -26,6 +26,7 @@ func main() {
 	nodes := flag.String("nodes", "100,500,1000", "comma-separated node counts")
 	pods := flag.Int("pods", 5000, "pods per scenario")
 	qps := flag.String("qps", "50/100,5000/5000", "comma-separated scheduler client qps/burst settings")
+	rounds := flag.String("rounds", "1,3", "comma-separated rounds of each -qps setting's scenarios at each size (1 where missing)")
 	schedConfig := flag.String("scheduler-config", "manifests/scheduler-config.yaml", "the shipped KubeSchedulerConfiguration")
 	profile := flag.String("cpuprofile", "throughput-cpu.pprof", "CPU profile of one scenario at the largest size, in -out; empty for none")
 	order := flag.String("scenarios", "a,c,g,b,f", "the scenarios to run at each size and QPS, in this order")
@@ -59,6 +60,13 @@ func main() {
 			fail(fmt.Errorf("-qps: bad setting %q (want qps/burst)", s))
 		}
 		cfg.QPS = append(cfg.QPS, throughput.QPS{QPS: qv, Burst: bv})
+	}
+	for _, s := range strings.Split(*rounds, ",") {
+		r, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || r <= 0 {
+			fail(fmt.Errorf("-rounds: bad count %q", s))
+		}
+		cfg.Rounds = append(cfg.Rounds, r)
 	}
 	if *mixed != "" {
 		n, g, ok := strings.Cut(*mixed, "/")
