@@ -238,7 +238,8 @@ bench-packing:
 
 # Scheduling throughput of the real dynamig-scheduler against the in-process API server
 # (default plugins vs DynamicMIG, GPU and CPU pods) at 100, 500 and 1000 nodes with 5000
-# pods, written to docs/benchmarks/throughput.md: about 45 minutes on 2 cores.
+# pods, three rounds at QPS 5000, written to docs/benchmarks/throughput.md: about 40 minutes
+# on 2 cores.
 bench-throughput:
 	$(GO) run ./test/bench/throughput/cmd -out docs/benchmarks
 

@@ -1,5 +1,5 @@
 // Command throughput runs the scheduling-throughput benchmark and writes throughput.md
-// (make bench-throughput: 100, 500 and 1000 nodes, 5000 pods, about 45 min on 2 cores;
+// (make bench-throughput: 100, 500 and 1000 nodes, 5000 pods, about 40 min on 2 cores;
 // make bench-throughput-quick: 100 nodes, 1000 pods).
 package main
 
