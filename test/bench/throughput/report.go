@@ -219,7 +219,7 @@ func roundsNote(cfg Config) string {
 	for qi, q := range cfg.QPS {
 		parts = append(parts, fmt.Sprintf("%d at QPS %s", cfg.rounds(qi), q))
 	}
-	return "rounds: " + strings.Join(parts, ", ") + "; every other round runs the scenarios in the reverse order, " +
+	return "rounds: " + strings.Join(parts, ", ") + "; each round starts one scenario later in that order (the second round at the second scenario, and so on), " +
 		"and a scenario's row (and the ratios, the batching counters) is its median round by pods/s"
 }
 

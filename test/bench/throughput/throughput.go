@@ -117,8 +117,8 @@ type Config struct {
 	// QPS are the scheduler client rate limits to run each scenario with.
 	QPS []QPS
 	// Rounds, when set, is how many times each QPS's scenarios run at each size (one per QPS,
-	// default 1); every other round runs them in the reverse order, and the report gives each
-	// scenario's median round and every round's pods/s.
+	// default 1), each round in another order (order), and the report gives each scenario's
+	// median round and every round's pods/s.
 	Rounds []int
 	// PercentageOfNodesToScore, when above 0, replaces the configuration's (every scenario):
 	// kube-scheduler stops filtering a pod once it has found that share of the nodes
@@ -739,13 +739,16 @@ func RedirectKlog(w io.Writer) {
 }
 
 // scenarios are the scenarios to run, in cfg.Order.
-// order is the scenarios of round (from 0): every other round reverses them.
+// order is the scenarios of round (from 0), rotated by round: each round starts one scenario
+// later, so that over as many rounds as scenarios each runs once in each place (a scenario's
+// rate still drifts with its place in the process's run by up to ~10 %).
 func (cfg Config) order(round int) []Scenario {
-	out := slices.Clone(cfg.scenarios())
-	if round%2 == 1 {
-		slices.Reverse(out)
+	sc := cfg.scenarios()
+	if len(sc) == 0 {
+		return nil
 	}
-	return out
+	k := round % len(sc)
+	return append(slices.Clone(sc[k:]), sc[:k]...)
 }
 
 // rounds is how many rounds QPS qi runs (Rounds).
