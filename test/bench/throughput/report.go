@@ -21,7 +21,6 @@ type Machine struct {
 	Took    time.Duration
 }
 
-// find is the result of scenario key at nodes and q.
 // find is the scenario's median round by pods/s (the lower middle one of an even count).
 func (r *Report) find(nodes int, q QPS, key string) *Result {
 	runs := r.rounds(nodes, q, key)

@@ -234,31 +234,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				for _, sc := range cfg.order(round) {
 					seq++
 					profile := cfg.CPUProfile != "" && sc.Key == cmp.Or(cfg.ProfileScenario, "b") && ni == len(nodes)-1 && qi == len(cfg.QPS)-1 && round == rounds-1
-					cfg.progress("nodes %d, qps %s, round %d, (%s) %s", n, q, round+1, sc.Key, sc.Name)
-					e, err := startEnv(ctx, cfg, tmpl, n, 0, q, sc.Profile)
-					if err != nil {
+					if err := rep.runRound(ctx, cfg, tmpl, seq, n, q, sc, round, profile); err != nil {
 						return nil, fmt.Errorf("nodes %d, qps %s, scenario (%s): %w", n, q, sc.Key, err)
 					}
-					rep.noteSetup(e)
-					results, err := runScenario(ctx, e.cp, e.admin, e.dp, e.config, "", seq, n, q, sc, cfg, profile)
-					e.stop()
-					if err != nil {
-						return nil, fmt.Errorf("nodes %d, qps %s, scenario (%s): %w", n, q, sc.Key, err)
-					}
-					res := results[0]
-					res.Round = round
-					if profile {
-						rep.ProfileLabel = fmt.Sprintf("(%s) %s, %d nodes, %d pods, QPS %s", sc.Key, sc.Name, n, cfg.Pods, q)
-						rep.ProfileTop = profileTop(cfg.CPUProfile)
-					}
-					if res.Incomplete {
-						cfg.progress("  INCOMPLETE: not every pod bound within the timeout")
-					}
-					cfg.progress("  %d/%d bound in %.1fs: %.1f pods/s, p50 %s p99 %s, scheduler writes %d (+%d refused, +%d events), RSS peak %d MiB, batching hints used %.0f (flushed: %s)",
-						res.Bound, res.Pods, res.Span.Seconds(), res.PodsPerSec, res.P50.Round(time.Millisecond), res.P99.Round(time.Millisecond),
-						res.WritesTotal, res.RefusedTotal, res.Events, res.PeakRSSKiB/1024, res.Batch.hintUsed(), res.Batch.flushes())
-					rep.Results = append(rep.Results, *res)
-					rep.PeakRSSKiB = max(rep.PeakRSSKiB, res.PeakRSSKiB)
 				}
 			}
 		}
@@ -270,6 +248,37 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep.PeakRSSKiB = max(rep.PeakRSSKiB, vmHWM())
 	return rep, nil
+}
+
+// runRound runs one round of scenario sc at n nodes and QPS q on a control plane of its own
+// and adds its result to the report (profiled when profile is set).
+func (rep *Report) runRound(ctx context.Context, cfg Config, tmpl *nodeTemplate, seq, n int, q QPS, sc Scenario, round int, profile bool) error {
+	cfg.progress("nodes %d, qps %s, round %d, (%s) %s", n, q, round+1, sc.Key, sc.Name)
+	e, err := startEnv(ctx, cfg, tmpl, n, 0, q, sc.Profile)
+	if err != nil {
+		return err
+	}
+	rep.noteSetup(e)
+	results, err := runScenario(ctx, e.cp, e.admin, e.dp, e.config, "", seq, n, q, sc, cfg, profile)
+	e.stop()
+	if err != nil {
+		return err
+	}
+	res := results[0]
+	res.Round = round
+	if profile {
+		rep.ProfileLabel = fmt.Sprintf("(%s) %s, %d nodes, %d pods, QPS %s", sc.Key, sc.Name, n, cfg.Pods, q)
+		rep.ProfileTop = profileTop(cfg.CPUProfile)
+	}
+	if res.Incomplete {
+		cfg.progress("  INCOMPLETE: not every pod bound within the timeout")
+	}
+	cfg.progress("  %d/%d bound in %.1fs: %.1f pods/s, p50 %s p99 %s, scheduler writes %d (+%d refused, +%d events), RSS peak %d MiB, batching hints used %.0f (flushed: %s)",
+		res.Bound, res.Pods, res.Span.Seconds(), res.PodsPerSec, res.P50.Round(time.Millisecond), res.P99.Round(time.Millisecond),
+		res.WritesTotal, res.RefusedTotal, res.Events, res.PeakRSSKiB/1024, res.Batch.hintUsed(), res.Batch.flushes())
+	rep.Results = append(rep.Results, *res)
+	rep.PeakRSSKiB = max(rep.PeakRSSKiB, res.PeakRSSKiB)
+	return nil
 }
 
 // env is one scenario's control plane: its own etcd and API server, so that no scenario
