@@ -13,6 +13,7 @@ import (
 	"io"
 	"io/fs"
 	"path"
+	"slices"
 	"strings"
 
 	"helm.sh/helm/v3/pkg/chart"
@@ -114,10 +115,12 @@ func KubeVersion() string {
 
 // RenderFor renders the chart for a release named ReleaseName in namespace with values over
 // the chart's defaults, for a cluster at kubeVersion, as `helm template --kube-version` does:
-// refused, as Helm refuses it, outside the chart's kubeVersion; the objects in Helm's install
+// refused, as Helm refuses it, outside the chart's kubeVersion; apiVersions are what the
+// cluster serves beyond Helm's default set, as `--api-versions` gives them
+// ("scheduling.k8s.io/v1beta1/PodGroup"); the objects in Helm's install
 // order (namespaces, RBAC and configuration before the workloads), each document headed by the
 // template it came from.
-func RenderFor(kubeVersion, namespace string, values map[string]any) ([]byte, error) {
+func RenderFor(kubeVersion, namespace string, values map[string]any, apiVersions ...string) ([]byte, error) {
 	chrt, err := Chart()
 	if err != nil {
 		return nil, err
@@ -131,6 +134,8 @@ func RenderFor(kubeVersion, namespace string, values map[string]any) ([]byte, er
 	}
 	caps := chartutil.DefaultCapabilities.Copy()
 	caps.KubeVersion = *kv
+	// A new slice: Copy shares the default set's.
+	caps.APIVersions = slices.Concat(caps.APIVersions, apiVersions)
 	vals, err := chartutil.ToRenderValues(chrt, values, chartutil.ReleaseOptions{
 		Name: ReleaseName, Namespace: namespace, Revision: 1, IsInstall: true,
 	}, caps)

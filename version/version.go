@@ -4,6 +4,7 @@ package version
 
 import (
 	"fmt"
+	"os/exec"
 	"runtime/debug"
 	"strings"
 
@@ -86,6 +87,20 @@ func kubernetes(deps []*debug.Module) string {
 		return "v1." + strings.TrimPrefix(v, "v0.")
 	}
 	return "unknown"
+}
+
+// KubernetesRelease is the k8s.io/kubernetes release this code is built with ("v1.37.2"):
+// Get's, or, in a test binary (which carries no module list), the go command's answer for
+// the module file in use (GOFLAGS' -modfile).
+func KubernetesRelease() (string, error) {
+	if v := Get().Kubernetes; v != "unknown" {
+		return v, nil
+	}
+	out, err := exec.Command("go", "list", "-m", "-f", "{{if .Replace}}{{.Replace.Version}}{{else}}{{.Version}}{{end}}", "k8s.io/kubernetes").Output()
+	if err != nil {
+		return "", fmt.Errorf("the k8s.io/kubernetes release built with: go list -m: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
 }
 
 // String is the --version line of component.

@@ -6,6 +6,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	corelisters "k8s.io/client-go/listers/core/v1"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
@@ -69,6 +70,8 @@ type reservationCache struct {
 }
 
 type inflight struct {
+	// pod is the reserved pod's namespace and name, node where it is reserved.
+	pod    types.NamespacedName
 	node   string
 	result *placement.Result
 }
@@ -80,10 +83,10 @@ func newReservationCache() *reservationCache {
 	return &reservationCache{inflight: map[types.UID]inflight{}, decoded: map[string][]api.MigReservation{}}
 }
 
-func (c *reservationCache) add(uid types.UID, node string, res *placement.Result) {
+func (c *reservationCache) add(pod *v1.Pod, node string, res *placement.Result) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.inflight[uid] = inflight{node: node, result: res}
+	c.inflight[pod.UID] = inflight{pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, node: node, result: res}
 }
 
 func (c *reservationCache) get(uid types.UID) (inflight, bool) {
@@ -103,6 +106,22 @@ func (c *reservationCache) inflightCount() int {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return len(c.inflight)
+}
+
+// unbound counts the reservations whose pods the lister does not show bound with one: a
+// bound pod's entry stays until a NodeInfo shows its annotation (addOccupancy), which may be
+// long after the Binding, on a node nothing is scheduled to.
+func (c *reservationCache) unbound(pods corelisters.PodLister) int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	n := 0
+	for uid, r := range c.inflight {
+		p, err := pods.Pods(r.pod.Namespace).Get(r.pod.Name)
+		if err != nil || p.UID != uid || p.Spec.NodeName == "" || !hasReservation(p) {
+			n++
+		}
+	}
+	return n
 }
 
 // decode returns a pod annotation's reservations, decoding each distinct value once.
@@ -128,7 +147,8 @@ func (c *reservationCache) decode(raw string) ([]api.MigReservation, error) {
 
 // fitCache remembers, per node, the last fit computed: the same request against the same
 // NodeInfo generation (which changes with every pod added or removed and every node update,
-// preemption's dry runs included) gives the same fit. Replicas of one workload ask alike,
+// preemption's dry runs included, but not in a pod-group cycle, which bypasses the cache:
+// podGroupCycle) gives the same fit. Replicas of one workload ask alike,
 // so a scheduling cycle mostly recomputes only the node the previous pod went to.
 // A sync.Map: Filter's parallel readers never contend; entries are written on misses only.
 type fitCache struct {

@@ -30,6 +30,9 @@ var (
 	pendingDesc = prometheus.NewDesc("dynamig_scheduler_pending_pods",
 		"GPU pods not bound yet, by the outcome of their latest scheduling attempt: the closest any node came",
 		[]string{"reason"}, nil)
+	inFlightDesc = prometheus.NewDesc("dynamig_scheduler_reservations_in_flight",
+		"GPU pods this scheduler has reserved devices for and not bound yet: in their binding cycle, or waiting at Permit for the rest of their pod group",
+		nil, nil)
 )
 
 // hamiZone is the constant label HAMi's scheduler registers all its series under.
@@ -108,7 +111,7 @@ var (
 // Every series of the collector: the legacy ones are described whether or not they are
 // exported, so that the registry knows them.
 var stateDescs = []*prometheus.Desc{
-	allocatedDesc, capacityDesc, pendingDesc,
+	allocatedDesc, capacityDesc, pendingDesc, inFlightDesc,
 	migInstanceDesc, gpuMemoryLimitDesc, gpuCoreLimitDesc, gpuMemoryAllocatedDesc, gpuSharedDesc, gpuCoreAllocatedDesc,
 	gpuOverviewDesc, gpuMemoryRatioDesc, containerMemoryDesc, containerCoreDesc,
 	legacyMigInstanceDesc, legacyMemoryLimitDesc, legacyCoreLimitDesc, legacyMemoryAllocatedDesc, legacySharedDesc,
@@ -172,6 +175,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for reason, n := range pl.pending.count(pods) {
 		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n), reason)
 	}
+	ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(pl.reservations.unbound(pods)))
 	nodeList, err := nodes.List(labels.Everything())
 	if err != nil {
 		klog.Background().Error(err, "Listing nodes for metrics")

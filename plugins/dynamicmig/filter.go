@@ -134,8 +134,14 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 		s.attempt.note(rankHeartbeat)
 		return status
 	}
+	// A pod-group cycle's fits are its own: see podGroupCycle.
+	cacheable := !podGroupCycle(state)
 	generation := nodeInfo.GetGeneration()
-	cached, hit := pl.fits.get(node.Name, generation, s.key)
+	var cached cachedFit
+	var hit bool
+	if cacheable {
+		cached, hit = pl.fits.get(node.Name, generation, s.key)
+	}
 	if !hit {
 		gpus, rank, status := pl.nodeGPUs(nodeInfo)
 		if status != nil {
@@ -148,7 +154,9 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 			cached.fit = &nodeFit{result: res, gpus: gpus, gpuUtil: placement.NodeUtilisation(gpus, res), inUse: placement.InUse(gpus)}
 		}
 		cached.refusal = refusal
-		pl.fits.put(node.Name, cached)
+		if cacheable {
+			pl.fits.put(node.Name, cached)
+		}
 	}
 	if refusal := cached.refusal; refusal != nil {
 		klog.FromContext(ctx).V(5).Info("Pod does not fit", "pod", klog.KObj(pod), "node", klog.KObj(node), "reason", refusal.Reason, "detail", refusal.Detail)
@@ -174,6 +182,18 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 	s.setFit(node.Name, cached.fit)
 	s.attempt.note(rankFit)
 	return nil
+}
+
+// podGroupCycle reports a pod-group scheduling cycle (kube-scheduler 1.36 and later, the
+// Workload API's gangs): it tries the group's pods one after the other, each assumed into the
+// snapshot's NodeInfo for the next, and reverts them all before binding any, while keeping
+// every NodeInfo's generation as it was (Snapshot.AssumePod, ForgetPod). A node's generation
+// then no longer tells what pods it holds, and the fit cache, which it keys, would give each
+// member of a gang the placement the first one took, and a fit to pods the group's own
+// members leave no room for. Read as an optional method: 1.35's CycleState has none.
+func podGroupCycle(state fwk.CycleState) bool {
+	g, ok := state.(interface{ IsPodGroupSchedulingCycle() bool })
+	return ok && g.IsPodGroupSchedulingCycle()
 }
 
 // nodeGPUs is the node's inventory with the occupancy of its pods; when it refuses the node,

@@ -711,3 +711,119 @@ func TestSignPodConcurrently(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// groupCycleState is a pod-group cycle's CycleState (podGroupCycle): kube-scheduler 1.36 and
+// later mark one so; the method is promoted where CycleState has it, and added on 1.35.
+type groupCycleState struct{ fwk.CycleState }
+
+func (groupCycleState) IsPodGroupSchedulingCycle() bool { return true }
+
+// TestPodGroupCycle runs DynamicMIG as kube-scheduler's pod-group cycle does (1.36 and
+// later, schedule_one_podgroup.go): each pod of the group filtered and reserved in turn, then
+// assumed into the snapshot's NodeInfo with its generation kept (Snapshot.AssumePod), the
+// group reverted in reverse order (Unreserve, Snapshot.ForgetPod), and, where it fits whole,
+// each pod reserved again from its cycle's fit before any binds. On one A100-40GB (room for
+// two 3g.20gb): the second pod gets the other placement, not the first pod's; a third finds
+// no room; a group that failed leaves no reservation and the next pod the best placement;
+// while a group's reservations are held, a single pod finds no room.
+func TestPodGroupCycle(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n", api.ModeMIG, "A100-40GB")})
+	e.snapshot.set(cache.NewSnapshot(nil, e.nodes))
+	info, _ := e.snapshot.NodeInfos().Get("n")
+	ni := info.(*framework.NodeInfo)
+	logger := klog.FromContext(e.ctx)
+
+	type member struct {
+		pod   *v1.Pod
+		state fwk.CycleState
+	}
+	// simulate tries pods as the group cycle does, and returns those that fit, assumed.
+	simulate := func(pods ...*v1.Pod) (fit []member, refused *fwk.Status) {
+		for _, p := range pods {
+			state := groupCycleState{framework.NewCycleState()}
+			if _, st, _ := e.fw.RunPreFilterPlugins(e.ctx, state, p); !st.IsSuccess() {
+				t.Fatalf("%s: prefilter: %v", p.Name, st)
+			}
+			if st := e.fw.RunFilterPlugins(e.ctx, state, p, ni); !st.IsSuccess() {
+				return fit, st
+			}
+			if st := e.fw.RunReservePluginsReserve(e.ctx, state, p, "n"); !st.IsSuccess() {
+				t.Fatalf("%s: reserve: %v", p.Name, st)
+			}
+			assumed := p.DeepCopy()
+			assumed.Spec.NodeName = "n"
+			generation := ni.Generation
+			ni.AddPod(assumed)
+			ni.Generation = generation
+			fit = append(fit, member{assumed, state})
+		}
+		return fit, nil
+	}
+	revert := func(ms []member) {
+		for i := len(ms) - 1; i >= 0; i-- {
+			e.fw.RunReservePluginsUnreserve(e.ctx, ms[i].state, ms[i].pod, "n")
+			generation := ni.Generation
+			if err := ni.RemovePod(logger, ms[i].pod); err != nil {
+				t.Fatal(err)
+			}
+			ni.Generation = generation
+		}
+	}
+	placementOf := func(m member) string {
+		s, err := readState(m.state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, ok := s.fit("n")
+		if !ok {
+			t.Fatalf("%s: no fit", m.pod.Name)
+		}
+		return describe(f.result)
+	}
+
+	// A group of three: two fit, on different placements, the third does not.
+	fit, refused := simulate(gpuPod("g1", api.ModeMIG, [2]int{1, 19000}), gpuPod("g2", api.ModeMIG, [2]int{1, 19000}), gpuPod("g3", api.ModeMIG, [2]int{1, 19000}))
+	if len(fit) != 2 || refused == nil {
+		t.Fatalf("%d of the group fit (refused: %v), want 2 and the third refused", len(fit), refused)
+	}
+	first, second := placementOf(fit[0]), placementOf(fit[1])
+	if first == second {
+		t.Fatalf("both members of the group got %s", first)
+	}
+	if n := e.pl.reservations.inflightCount(); n != 2 {
+		t.Fatalf("%d reservations held during the group's cycle, want 2", n)
+	}
+	// The group cannot fit whole: reverted, it holds nothing, and a single pod gets the
+	// placement the first member had (the group's fits were not cached).
+	revert(fit)
+	if n := e.pl.reservations.inflightCount(); n != 0 {
+		t.Fatalf("%d reservations left after the failed group", n)
+	}
+	single, _ := simulate(gpuPod("single", api.ModeMIG, [2]int{1, 19000}))
+	if len(single) != 1 || placementOf(single[0]) != first {
+		t.Fatalf("a single pod after the failed group: %v, want %s", single, first)
+	}
+	revert(single)
+
+	// A group of two fits whole: reverted, then each member reserved again from its own
+	// cycle's fit, as the pods go to binding; while they are held, a single pod finds no room.
+	fit, refused = simulate(gpuPod("h1", api.ModeMIG, [2]int{1, 19000}), gpuPod("h2", api.ModeMIG, [2]int{1, 19000}))
+	if len(fit) != 2 || refused != nil {
+		t.Fatalf("%d of the group fit (refused: %v), want both", len(fit), refused)
+	}
+	revert(fit)
+	var assumed []*v1.Pod
+	for _, m := range fit {
+		// prepareForBindingCycle: the cycle is no pod-group cycle any more.
+		state := m.state.(groupCycleState).CycleState
+		if st := e.fw.RunReservePluginsReserve(e.ctx, state, m.pod, "n"); !st.IsSuccess() {
+			t.Fatalf("%s: reserve again: %v", m.pod.Name, st)
+		}
+		assumed = append(assumed, m.pod)
+	}
+	if _, node, statuses := e.cycle(gpuPod("c", api.ModeMIG, [2]int{1, 19000}), assumed...); node != "" {
+		t.Fatalf("a single pod was placed on %s beside the held group", node)
+	} else if st := statuses["n"]; st == nil || !strings.Contains(st.Message(), string(placement.ReasonPlacementsTaken)) {
+		t.Errorf("the single pod's refusal: %v, want %q", st, placement.ReasonPlacementsTaken)
+	}
+}

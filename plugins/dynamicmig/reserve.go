@@ -24,7 +24,7 @@ func (pl *DynamicMIG) Reserve(ctx context.Context, state fwk.CycleState, pod *v1
 	if !ok {
 		return fwk.AsStatus(errNoFit(nodeName))
 	}
-	pl.reservations.add(pod.UID, nodeName, f.result)
+	pl.reservations.add(pod, nodeName, f.result)
 	s.attempt.reserved.Store(true)
 	if v := klog.FromContext(ctx).V(4); v.Enabled() {
 		v.Info("Reserved GPU devices", "pod", klog.KObj(pod), "node", nodeName, "devices", describe(f.result))

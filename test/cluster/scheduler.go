@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sync/atomic"
 
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 	"k8s.io/component-base/configz"
 	"k8s.io/klog/v2"
@@ -106,10 +107,14 @@ func DeviceConfigFile(path string) func(doc map[string]any) error {
 // defaults, except that its secure serving (healthz, metrics) is off. The DynamicMIG
 // metrics listener belongs to the command, not to the registry options, so none is opened.
 //
+// flags are kube-scheduler command-line flags the binary would get beside --config, such as
+// the chart's --feature-gates; feature gates are the process's, so they also hold for the
+// control plane's API server in this process.
+//
 // stop cancels the scheduler and waits until app.Run has returned. Only one scheduler may
 // run in a process at a time (app.Run registers the process-wide configz entry).
-func StartScheduler(ctx context.Context, cp *ControlPlane, configFile string) (stop func(), err error) {
-	return runScheduler(ctx, cp, configFile, func(ctx context.Context, cc *schedulerserverconfig.CompletedConfig, sched *scheduler.Scheduler) {
+func StartScheduler(ctx context.Context, cp *ControlPlane, configFile string, flags ...string) (stop func(), err error) {
+	return runScheduler(ctx, cp, configFile, flags, func(ctx context.Context, cc *schedulerserverconfig.CompletedConfig, sched *scheduler.Scheduler) {
 		// Run returns only when ctx ends (with "finished without leader elect") or on a
 		// start error.
 		if err := kubeapp.Run(ctx, cc, sched); err != nil && ctx.Err() == nil {
@@ -124,7 +129,7 @@ func StartScheduler(ctx context.Context, cp *ControlPlane, configFile string) (s
 // entry, health and metrics serving, leader election): the event sink, the informers, and the
 // scheduling loop once its caches and event handlers are synced. stop cancels it and waits.
 func StartSchedulerBeside(ctx context.Context, cp *ControlPlane, configFile string) (stop func(), err error) {
-	return runScheduler(ctx, cp, configFile, func(ctx context.Context, cc *schedulerserverconfig.CompletedConfig, sched *scheduler.Scheduler) {
+	return runScheduler(ctx, cp, configFile, nil, func(ctx context.Context, cc *schedulerserverconfig.CompletedConfig, sched *scheduler.Scheduler) {
 		cc.EventBroadcaster.StartRecordingToSink(ctx.Done())
 		defer cc.EventBroadcaster.Shutdown()
 		cc.InformerFactory.Start(ctx.Done())
@@ -146,16 +151,26 @@ func StartSchedulerBeside(ctx context.Context, cp *ControlPlane, configFile stri
 }
 
 // runScheduler sets a scheduler up from configFile (kube-scheduler's app.Setup with dynamig's
-// registry options, its own flags at their defaults but secure serving: no listener) and
-// runs it with run in a goroutine; stop cancels it, waits until run has returned, then calls
-// stopped (if any).
-func runScheduler(ctx context.Context, cp *ControlPlane, configFile string,
+// registry options, its own flags at their defaults but for flags and secure serving: no
+// listener) and runs it with run in a goroutine; stop cancels it, waits until run has
+// returned, then calls stopped (if any).
+func runScheduler(ctx context.Context, cp *ControlPlane, configFile string, flags []string,
 	run func(context.Context, *schedulerserverconfig.CompletedConfig, *scheduler.Scheduler), stopped func()) (stop func(), err error) {
 	if cp == nil {
 		return nil, errors.New("no control plane")
 	}
-	ctx, cancel := context.WithCancel(ctx)
 	opts := options.NewOptions()
+	if len(flags) > 0 {
+		// As the command parses them: every named flag set in one.
+		fs := pflag.NewFlagSet("dynamig-scheduler", pflag.ContinueOnError)
+		for _, name := range opts.Flags.Order {
+			fs.AddFlagSet(opts.Flags.FlagSet(name))
+		}
+		if err := fs.Parse(flags); err != nil {
+			return nil, fmt.Errorf("scheduler flags %q: %w", flags, err)
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
 	opts.ConfigFile = configFile
 	opts.SecureServing.BindPort = 0
 	cc, sched, err := kubeapp.Setup(ctx, opts, schedapp.RegistryOptions()...)

@@ -86,155 +86,8 @@ func mig(name string, gpus ...string) sandboxconfig.NodeConfig {
 	return sandboxconfig.NodeConfig{Name: name, Mode: api.ModeMIG, GPUs: gpus}
 }
 
-// pod is a GPU pod for dynamig-scheduler: devices × MiB each, in mode, with annotations.
-func pod(name, mode string, devices, memory int, annotations ...string) *v1.Pod {
-	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Annotations: map[string]string{}},
-		Spec: v1.PodSpec{SchedulerName: "dynamig-scheduler", Containers: []v1.Container{{Name: "main", Image: "ubuntu:22.04",
-			Command: []string{"sleep", "infinity"}, Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
-				api.ResourceCount: *resource.NewQuantity(int64(devices), resource.DecimalSI)}}}}}}
-	if memory > 0 {
-		p.Spec.Containers[0].Resources.Limits[api.ResourceMemory] = *resource.NewQuantity(int64(memory), resource.DecimalSI)
-	}
-	if mode != "" {
-		p.Annotations[api.VGPUModeAnnotation] = mode
-	}
-	for i := 0; i+1 < len(annotations); i += 2 {
-		p.Annotations[annotations[i]] = annotations[i+1]
-	}
-	return p
-}
-
-// running waits until the pods run with every reservation realised, and returns them.
-func (w *world) running(names ...string) map[string][]api.MigReservation {
-	w.T.Helper()
-	out := map[string][]api.MigReservation{}
-	w.WaitFor(strings.Join(names, ", ")+" running", 90*time.Second, func() (bool, string) {
-		for _, n := range names {
-			p, err := w.C.CoreV1().Pods("default").Get(w.Ctx, n, metav1.GetOptions{})
-			if err != nil {
-				return false, err.Error()
-			}
-			if p.Status.Phase != v1.PodRunning {
-				return false, fmt.Sprintf("%s is %s: %s", n, p.Status.Phase, lastEvent(w, p))
-			}
-			if raw, ok := p.Annotations[api.MigReservationsAnnotation]; ok {
-				recs, err := api.DecodeMigReservations(raw)
-				if err != nil {
-					return false, err.Error()
-				}
-				for _, r := range recs {
-					if !r.Realized() {
-						return false, n + " not realised"
-					}
-				}
-				out[n] = recs
-			}
-		}
-		return true, ""
-	})
-	return out
-}
-
-// pending asserts the pod stays unscheduled and returns its FailedScheduling message.
-func (w *world) pending(name string) string {
-	w.T.Helper()
-	var msg string
-	w.WaitFor(name+" reported unschedulable", 30*time.Second, func() (bool, string) {
-		p := w.Get(name)
-		if p.Spec.NodeName != "" {
-			w.T.Fatalf("%s was bound to %s", name, p.Spec.NodeName)
-		}
-		for _, c := range p.Status.Conditions {
-			if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Message != "" {
-				msg = c.Message
-				return true, ""
-			}
-		}
-		return false, "no PodScheduled=False yet"
-	})
-	return msg
-}
-
-func lastEvent(w *world, p *v1.Pod) string {
-	evs, err := w.C.CoreV1().Events(p.Namespace).List(w.Ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name})
-	if err != nil || len(evs.Items) == 0 {
-		return "no events"
-	}
-	e := evs.Items[len(evs.Items)-1]
-	return e.Reason + ": " + e.Message
-}
-
-// instances is the simulated NVML state of a node, by pod name.
-func (w *world) instances(node string) map[string][]sandbox.Instance {
-	w.T.Helper()
-	list, err := w.SB.Instances(node)
-	if err != nil {
-		w.T.Fatal(err)
-	}
-	out := map[string][]sandbox.Instance{}
-	for _, in := range list {
-		out[in.PodName] = append(out[in.PodName], in)
-	}
-	return out
-}
-
-// sameHardware asserts that NVML holds exactly the pods' realised reservations.
-func (w *world) sameHardware(node string, recs map[string][]api.MigReservation) {
-	w.T.Helper()
-	hw := w.instances(node)
-	for name, rs := range recs {
-		got := hw[name]
-		if len(got) != len(rs) {
-			w.T.Errorf("%s: %d reservations, %d instances on %s: %v", name, len(rs), len(got), node, got)
-			continue
-		}
-		for _, r := range rs {
-			if !slices.ContainsFunc(got, func(in sandbox.Instance) bool {
-				return in.GPUUUID == r.GPUUUID && in.Profile == r.Profile && in.Placement == r.Placement && uint32(in.GPUInstanceID) == *r.GPUInstanceID
-			}) {
-				w.T.Errorf("%s: reservation %s %s on %s has no matching instance: %v", name, r.Profile, r.Placement, r.GPUUUID, got)
-			}
-		}
-	}
-}
-
-func noOverlap(t *testing.T, recs map[string][]api.MigReservation) {
-	t.Helper()
-	var all []api.MigReservation
-	var owner []string
-	for name, rs := range recs {
-		for _, r := range rs {
-			for i, o := range all {
-				if o.GPUUUID == r.GPUUUID && o.Placement.Overlaps(r.Placement) {
-					t.Errorf("%s %s overlaps %s %s on %s", name, r.Placement, owner[i], o.Placement, r.GPUUUID)
-				}
-			}
-			all, owner = append(all, r), append(owner, name)
-		}
-	}
-}
-
-func (w *world) delete(names ...string) {
-	w.T.Helper()
-	for _, n := range names {
-		if err := w.C.CoreV1().Pods("default").Delete(w.Ctx, n, metav1.DeleteOptions{}); err != nil {
-			w.T.Fatal(err)
-		}
-	}
-}
-
-func (w *world) gone(node string, names ...string) {
-	w.T.Helper()
-	w.WaitFor("instances of "+strings.Join(names, ", ")+" reclaimed on "+node, 60*time.Second, func() (bool, string) {
-		hw := w.instances(node)
-		for _, n := range names {
-			if len(hw[n]) > 0 {
-				return false, fmt.Sprintf("%s still has %v", n, hw[n])
-			}
-		}
-		return true, ""
-	})
-}
+// pod is a GPU pod for dynamig-scheduler (sandboxtest.GPUPod).
+var pod = sandboxtest.GPUPod
 
 // TestSeedExample runs the seed's example pods, unchanged, on the sandbox installed from
 // manifests/install.yaml, from the chart rendered with its defaults, and from the chart
@@ -292,7 +145,7 @@ func seedExample(t *testing.T, w *world, scheduler string) {
 		}
 		w.Create(pods...)
 	}
-	recs := w.running("gpu-pod1", "mig-workload")
+	recs := w.Running("gpu-pod1", "mig-workload")
 	if len(recs["gpu-pod1"]) != 2 || len(recs["mig-workload"]) != 1 {
 		t.Fatalf("reservations: %v", recs)
 	}
@@ -308,8 +161,8 @@ func seedExample(t *testing.T, w *world, scheduler string) {
 			}
 		}
 	}
-	noOverlap(t, recs)
-	w.sameHardware("mig-node", recs)
+	sandboxtest.NoOverlap(t, recs)
+	w.SameHardware("mig-node", recs)
 	// Each container sees its own MIG devices, and nothing else.
 	w.seesOwnDevices("gpu-pod1", "ubuntu-container1", recs["gpu-pod1"])
 	w.seesOwnDevices("mig-workload", "workload", recs["mig-workload"])
@@ -432,12 +285,12 @@ func TestSidecarWithGPU(t *testing.T) {
 	sidecar.Name, sidecar.RestartPolicy = "sidecar", ptr.To(v1.ContainerRestartPolicyAlways)
 	p.Spec.InitContainers = []v1.Container{sidecar}
 	w.Create(p)
-	recs := w.running("with-sidecar")
+	recs := w.Running("with-sidecar")
 	if len(recs["with-sidecar"]) != 2 {
 		t.Fatalf("reservations %v, want one for the sidecar and one for main", recs)
 	}
-	noOverlap(t, recs)
-	w.sameHardware("n", recs)
+	sandboxtest.NoOverlap(t, recs)
+	w.SameHardware("n", recs)
 	w.seesOwnDevices("with-sidecar", "sidecar", recs["with-sidecar"])
 	w.seesOwnDevices("with-sidecar", "main", recs["with-sidecar"])
 }
@@ -445,15 +298,15 @@ func TestSidecarWithGPU(t *testing.T) {
 func TestMixedProfilesOnOneGPU(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
 	w.Create(pod("small", "mig", 1, 4000), pod("medium", "mig", 1, 9000), pod("large", "mig", 1, 19000))
-	recs := w.running("small", "medium", "large")
+	recs := w.Running("small", "medium", "large")
 	want := map[string]string{"small": "1g.5gb", "medium": "2g.10gb", "large": "3g.20gb"}
 	for name, profile := range want {
 		if len(recs[name]) != 1 || recs[name][0].Profile != profile {
 			t.Errorf("%s: %v, want %s", name, recs[name], profile)
 		}
 	}
-	noOverlap(t, recs)
-	w.sameHardware("n", recs)
+	sandboxtest.NoOverlap(t, recs)
+	w.SameHardware("n", recs)
 	for name := range want {
 		w.seesOwnDevices(name, "main", recs[name])
 	}
@@ -462,19 +315,19 @@ func TestMixedProfilesOnOneGPU(t *testing.T) {
 func TestExhaustionThenReclaim(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
 	w.Create(pod("a", "mig", 1, 19000), pod("b", "mig", 1, 19000))
-	recs := w.running("a", "b")
+	recs := w.Running("a", "b")
 	w.Create(pod("c", "mig", 1, 4000))
-	if msg := w.pending("c"); !strings.Contains(msg, "all MIG placements taken") {
+	if msg := w.Pending("c"); !strings.Contains(msg, "all MIG placements taken") {
 		t.Errorf("c's reason: %q", msg)
 	}
-	w.delete("b")
-	w.gone("n", "b")
-	got := w.running("c")
+	w.Delete("b")
+	w.Gone("n", "b")
+	got := w.Running("c")
 	freed := recs["b"][0].Placement
 	if p := got["c"][0].Placement; p.Start < freed.Start || p.End() > freed.End() {
 		t.Errorf("c at %s, want inside b's freed %s", p, freed)
 	}
-	w.sameHardware("n", map[string][]api.MigReservation{"a": recs["a"], "c": got["c"]})
+	w.SameHardware("n", map[string][]api.MigReservation{"a": recs["a"], "c": got["c"]})
 	w.seesOwnDevices("a", "main", recs["a"])
 	w.seesOwnDevices("c", "main", got["c"])
 }
@@ -502,13 +355,13 @@ func TestSmallestProfileAcrossModels(t *testing.T) {
 		w.Create(pod("p-"+c.node, "mig", 1, 8000, api.UseGPUUUIDAnnotation, uuids[c.node]))
 		names = append(names, "p-"+c.node)
 	}
-	recs := w.running(names...)
+	recs := w.Running(names...)
 	for _, c := range cases {
 		r := recs["p-"+c.node]
 		if len(r) != 1 || r[0].Profile != c.profile || r[0].GPUUUID != uuids[c.node] {
 			t.Errorf("%s (%s): %v, want %s", c.node, c.model, r, c.profile)
 		}
-		w.sameHardware(c.node, map[string][]api.MigReservation{"p-" + c.node: r})
+		w.SameHardware(c.node, map[string][]api.MigReservation{"p-" + c.node: r})
 		w.seesOwnDevices("p-"+c.node, "main", r)
 	}
 }
@@ -538,14 +391,14 @@ func TestHAMiUsersPods(t *testing.T) {
 			t.Errorf("%s: schedulerName %q, resources %v, want %s and %s: 1 in limits and requests", p.Name, created.Spec.SchedulerName, res, api.DefaultSchedulerName, api.ResourceCount)
 		}
 	}
-	recs := w.running("gpumem-only", "half")
+	recs := w.Running("gpumem-only", "half")
 	for name, want := range map[string]string{"gpumem-only": "2g.10gb", "half": "3g.20gb"} {
 		if r := recs[name]; len(r) != 1 || r[0].Profile != want {
 			t.Errorf("%s: %v, want one %s", name, r, want)
 		}
 		w.seesOwnDevices(name, "main", recs[name])
 	}
-	noOverlap(t, recs)
+	sandboxtest.NoOverlap(t, recs)
 }
 
 // TestNamespaceQuota: a ResourceQuota in HAMi's form (limits.nvidia.com/gpumem) bounds the
@@ -561,10 +414,10 @@ func TestNamespaceQuota(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Create(pod("a", "mig", 1, 8000), pod("b", "mig", 1, 8000))
-	w.running("a", "b")
+	w.Running("a", "b")
 	w.Create(pod("c", "mig", 1, 8000))
 	want := "ResourceQuota default/gpu limits.nvidia.com/gpumem: 19712 used of 20000, and the pod would be granted 9856"
-	if msg := w.pending("c"); !strings.Contains(msg, want) {
+	if msg := w.Pending("c"); !strings.Contains(msg, want) {
 		t.Errorf("c's reason: %q, want it to say %q", msg, want)
 	}
 	if out := w.kubectlDynamig("quotas"); !slices.ContainsFunc(strings.Split(out, "\n"), func(l string) bool {
@@ -577,8 +430,8 @@ func TestNamespaceQuota(t *testing.T) {
 	}
 	// d comes as a's room is freed: c and d race for it, and one of them wins.
 	w.Create(pod("d", "mig", 1, 8000))
-	w.delete("a")
-	w.gone("n", "a")
+	w.Delete("a")
+	w.Gone("n", "a")
 	var winner, loser string
 	w.WaitFor("c or d bound", 90*time.Second, func() (bool, string) {
 		c, d := w.Get("c"), w.Get("d")
@@ -592,12 +445,12 @@ func TestNamespaceQuota(t *testing.T) {
 		}
 		return winner != "", "neither bound"
 	})
-	w.running(winner)
-	if msg := w.pending(loser); !strings.Contains(msg, "namespace GPU quota exceeded") {
+	w.Running(winner)
+	if msg := w.Pending(loser); !strings.Contains(msg, "namespace GPU quota exceeded") {
 		t.Errorf("%s's reason: %q", loser, msg)
 	}
-	w.delete("b")
-	w.running(loser)
+	w.Delete("b")
+	w.Running(loser)
 }
 
 // TestNodePolicyOverHost: with the shipped profile, the node policy holds for CPU and
@@ -616,18 +469,18 @@ func TestNodePolicyOverHost(t *testing.T) {
 		Containers: []v1.Container{{Name: "main", Image: "ubuntu:22.04", Command: []string{"sleep", "infinity"},
 			Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: *resource.NewMilliQuantity(half, resource.DecimalSI)}}}}}}
 	w.Create(busy)
-	w.running("busy")
+	w.Running("busy")
 	// Each alone on GPUs alike: only the CPU tells a from b.
 	w.Create(pod("spread", "mig", 1, 8000, api.NodeSchedulerPolicyAnnotation, api.PolicySpread))
-	w.running("spread")
+	w.Running("spread")
 	if n := w.Get("spread").Spec.NodeName; n != "a" {
 		t.Errorf("the spread pod is on %s, want a", n)
 	}
-	w.delete("spread")
-	w.gone("a", "spread")
+	w.Delete("spread")
+	w.Gone("a", "spread")
 	w.gonePods("spread")
 	w.Create(pod("packed", "mig", 1, 8000))
-	w.running("packed")
+	w.Running("packed")
 	if n := w.Get("packed").Spec.NodeName; n != "b" {
 		t.Errorf("the binpack pod is on %s, want b (its CPU half requested; the node order alone picks a)", n)
 	}
@@ -642,9 +495,9 @@ func TestNUMABind(t *testing.T) {
 	w := start(t, node)
 	uuids := w.SB.Nodes()[0].GPUUUIDs
 	w.Create(pod("first", "mig", 1, 40000, api.UseGPUUUIDAnnotation, uuids[0]))
-	w.running("first")
+	w.Running("first")
 	w.Create(pod("bound", "mig", 2, 40000, api.NUMABindAnnotation, "true"))
-	recs := w.running("bound")["bound"]
+	recs := w.Running("bound")["bound"]
 	n, err := w.C.CoreV1().Nodes().Get(w.Ctx, "n", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -665,7 +518,7 @@ func TestNUMABind(t *testing.T) {
 func TestModeRouting(t *testing.T) {
 	w := start(t) // mig-node and core-node
 	w.Create(pod("m", "mig", 1, 4000), pod("h", "hami-core", 1, 4000), pod("either", "", 1, 4000))
-	recs := w.running("m", "h", "either")
+	recs := w.Running("m", "h", "either")
 	if n := w.Get("m").Spec.NodeName; n != "mig-node" {
 		t.Errorf("mig pod on %s", n)
 	}
@@ -673,7 +526,7 @@ func TestModeRouting(t *testing.T) {
 	if h.Spec.NodeName != "core-node" || h.Annotations[api.DevicesAllocatedAnnotation] == "" || h.Annotations[api.MigReservationsAnnotation] != "" {
 		t.Errorf("hami-core pod: node %s, annotations %v", h.Spec.NodeName, h.Annotations)
 	}
-	if len(w.instances("core-node")) != 0 {
+	if len(w.Instances("core-node")) != 0 {
 		t.Errorf("a hami-core node gets no MIG instance")
 	}
 	w.seesOwnDevices("m", "main", recs["m"])
@@ -716,8 +569,8 @@ func TestNodeRestarts(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := start(t, mig("n", "A100-40GB"))
 			w.Create(pod("a", "mig", 2, 9000))
-			recs := w.running("a")
-			before := w.instances("n")
+			recs := w.Running("a")
+			before := w.Instances("n")
 			uid := w.Get("a").UID
 			first, _ := w.SB.Container("n", uid, "main")
 			if err := tc.restart(w); err != nil {
@@ -736,12 +589,12 @@ func TestNodeRestarts(t *testing.T) {
 					return ok && c.Boot > first.Boot, "the runtime has not created it yet"
 				})
 			}
-			after := w.running("a")
+			after := w.Running("a")
 			if p := w.Get("a"); tc.restarts == 0 && p.Status.ContainerStatuses[0].RestartCount != 0 {
 				t.Errorf("a restarted %d times", p.Status.ContainerStatuses[0].RestartCount)
 			}
-			hw := w.instances("n")
-			w.sameHardware("n", after)
+			hw := w.Instances("n")
+			w.SameHardware("n", after)
 			w.seesOwnDevices("a", "main", after["a"])
 			for i := range recs["a"] {
 				old, now := recs["a"][i], after["a"][i]
@@ -759,10 +612,10 @@ func TestNodeRestarts(t *testing.T) {
 				t.Errorf("the container was created again (%s → %s)", first.ID, c.ID)
 			}
 			w.Create(pod("b", "mig", 1, 4000))
-			got := w.running("b")
+			got := w.Running("b")
 			got["a"] = after["a"]
-			noOverlap(t, got)
-			w.sameHardware("n", got)
+			sandboxtest.NoOverlap(t, got)
+			w.SameHardware("n", got)
 		})
 	}
 }
@@ -777,7 +630,7 @@ func TestNodeRestarts(t *testing.T) {
 func TestInFlightBindingLoses(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB"))
 	w.Create(pod("winner", "mig", 1, 9000))
-	won := w.running("winner")["winner"][0]
+	won := w.Running("winner")["winner"][0]
 	key := w.schedulerKey()
 	loser := pod("loser", "mig", 1, 9000)
 	loser.Spec.SchedulerName = "nobody" // bound below, as the old scheduler's Binding
@@ -806,7 +659,7 @@ func TestInFlightBindingLoses(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.evictedBecause("loser", created.UID, "double-book")
-	after := w.running("winner")
+	after := w.Running("winner")
 	if after["winner"][0].MigUUID != won.MigUUID || w.Get("winner").Status.ContainerStatuses[0].RestartCount != 0 {
 		t.Errorf("the winner was touched: %+v → %+v", won, after["winner"][0])
 	}
@@ -816,25 +669,25 @@ func TestInFlightBindingLoses(t *testing.T) {
 		return err != nil, fmt.Sprint(err)
 	})
 	w.Create(pod("loser", "mig", 1, 9000))
-	recs := w.running("winner", "loser")
-	noOverlap(t, recs)
-	w.sameHardware("n", recs)
+	recs := w.Running("winner", "loser")
+	sandboxtest.NoOverlap(t, recs)
+	w.SameHardware("n", recs)
 	w.seesOwnDevices("loser", "main", recs["loser"])
 }
 
 func TestSchedulerRestartNoDoubleBooking(t *testing.T) {
 	w := start(t, mig("n", "A100-40GB", "A100-40GB"))
 	w.Create(pod("a", "mig", 2, 9000), pod("b", "mig", 1, 19000))
-	recs := w.running("a", "b")
+	recs := w.Running("a", "b")
 	if err := w.SB.RestartScheduler(w.Ctx); err != nil {
 		t.Fatal(err)
 	}
 	w.Create(pod("c", "mig", 2, 9000), pod("d", "mig", 1, 19000))
-	for k, v := range w.running("c", "d") {
+	for k, v := range w.Running("c", "d") {
 		recs[k] = v
 	}
-	noOverlap(t, recs)
-	w.sameHardware("n", recs)
+	sandboxtest.NoOverlap(t, recs)
+	w.SameHardware("n", recs)
 }
 
 func TestAdmissionPolicies(t *testing.T) {
@@ -919,10 +772,10 @@ func TestWebhook(t *testing.T) {
 		}
 	}
 	// The mutated pods run: dynamig-scheduler placed them and the device plugin realised them.
-	recs := w.running("unnamed", "default-named", "sidecar-only")
-	noOverlap(t, recs)
+	recs := w.Running("unnamed", "default-named", "sidecar-only")
+	sandboxtest.NoOverlap(t, recs)
 	w.seesOwnDevices("sidecar-only", "init", recs["sidecar-only"])
-	if msg := w.pending("init-only"); !strings.Contains(msg, `init container "init" requests nvidia.com/gpu`) || !strings.Contains(msg, "move the GPU request to a sidecar or the main container") {
+	if msg := w.Pending("init-only"); !strings.Contains(msg, `init container "init" requests nvidia.com/gpu`) || !strings.Contains(msg, "move the GPU request to a sidecar or the main container") {
 		t.Errorf("init-only: %q, want the init-container rule with what to do", msg)
 	}
 	// cert-controller made the serving certificate and injected its CA.
@@ -984,7 +837,7 @@ func TestUnsignedOrTamperedReservationsGetNoInstance(t *testing.T) {
 			t.Fatal(err)
 		}
 		w.evictedBecause(tc.name, created.UID, tc.wantMsg)
-		if hw := w.instances("n"); len(hw) != 0 {
+		if hw := w.Instances("n"); len(hw) != 0 {
 			t.Errorf("%s: a refused reservation got instances: %v", tc.name, hw)
 		}
 		if _, ok := w.SB.Container("n", created.UID, "main"); ok {
@@ -1090,11 +943,11 @@ func TestManyPodsAcrossNodes(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	recs := w.running(names...)
+	recs := w.Running(names...)
 	if len(recs) != 200 {
 		t.Fatalf("%d of 200 realised", len(recs))
 	}
-	noOverlap(t, recs)
+	sandboxtest.NoOverlap(t, recs)
 	perNode := map[string]map[string][]api.MigReservation{}
 	for name := range recs {
 		n := w.Get(name).Spec.NodeName
@@ -1104,7 +957,7 @@ func TestManyPodsAcrossNodes(t *testing.T) {
 		perNode[n][name] = recs[name]
 	}
 	for n, rs := range perNode {
-		w.sameHardware(n, rs)
+		w.SameHardware(n, rs)
 	}
 	if err := w.C.CoreV1().Pods("default").DeleteCollection(w.Ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
@@ -1132,17 +985,17 @@ func TestPreemption(t *testing.T) {
 	low, high := pod("low", "mig", 1, 39000), pod("high", "mig", 1, 19000)
 	low.Spec.PriorityClassName, high.Spec.PriorityClassName = "low", "high"
 	w.Create(low)
-	held := w.running("low")["low"][0]
+	held := w.Running("low")["low"][0]
 	w.Create(high)
 	w.WaitFor("low preempted", 60*time.Second, func() (bool, string) {
 		_, err := w.C.CoreV1().Pods("default").Get(w.Ctx, "low", metav1.GetOptions{})
 		return err != nil, "low still exists"
 	})
-	got := w.running("high")["high"][0]
+	got := w.Running("high")["high"][0]
 	if got.GPUUUID != held.GPUUUID || !got.Placement.Overlaps(held.Placement) {
 		t.Errorf("high at %s on %s, want on low's freed %s on %s", got.Placement, got.GPUUUID, held.Placement, held.GPUUUID)
 	}
-	w.gone("n", "low")
-	w.sameHardware("n", map[string][]api.MigReservation{"high": {got}})
+	w.Gone("n", "low")
+	w.SameHardware("n", map[string][]api.MigReservation{"high": {got}})
 	w.seesOwnDevices("high", "main", []api.MigReservation{got})
 }

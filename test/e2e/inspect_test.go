@@ -63,15 +63,15 @@ func TestExplainMatchesScheduler(t *testing.T) {
 		small = append(small, fmt.Sprintf("small-%d", i))
 		w.Create(pinned(small[i], api.ModeMIG, 4000, "frag"))
 	}
-	recs := w.running(small...)
+	recs := w.Running(small...)
 	at := map[int]string{}
 	for name, rs := range recs {
 		at[rs[0].Placement.Start] = name
 	}
-	w.delete(at[0], at[1], at[2])
+	w.Delete(at[0], at[1], at[2])
 	w.gonePods(at[0], at[1], at[2])
 	w.Create(pinned("all-me", api.ModeMIG, 20000, "me"))
-	if r := w.running("all-me")["all-me"]; len(r) != 1 || r[0].Profile != "1g.24gb+me.all" {
+	if r := w.Running("all-me")["all-me"]; len(r) != 1 || r[0].Profile != "1g.24gb+me.all" {
 		t.Fatalf("all-me: %v, want a 1g.24gb+me.all", r)
 	}
 
@@ -91,7 +91,7 @@ func TestExplainMatchesScheduler(t *testing.T) {
 		t.Run(tc.pod, func(t *testing.T) {
 			w := &world{w.For(t)}
 			w.Create(pinned(tc.pod, tc.mode, tc.memory, tc.node))
-			msg := w.pending(tc.pod)
+			msg := w.Pending(tc.pod)
 			var got explained
 			if err := json.Unmarshal([]byte(w.kubectlDynamig("explain", tc.pod, "-n", "default", "-o", "json")), &got); err != nil {
 				t.Fatal(err)
@@ -133,8 +133,8 @@ func TestExplainMatchesScheduler(t *testing.T) {
 	if table := w.kubectlDynamig("explain", "half", "-n", "default"); !strings.Contains(table, "fits once one of these ends: default/"+at[3]) {
 		t.Errorf("explain's table lacks the smallest change:\n%s", table)
 	}
-	w.delete(at[3])
-	if r := w.running("half")["half"]; len(r) != 1 || r[0].Placement != (api.Placement{Start: 0, Size: 4}) {
+	w.Delete(at[3])
+	if r := w.Running("half")["half"]; len(r) != 1 || r[0].Placement != (api.Placement{Start: 0, Size: 4}) {
 		t.Errorf("half: %v, want 3g.20gb at [0,4)", r)
 	}
 }
@@ -145,7 +145,7 @@ func TestSimulateMatchesScheduler(t *testing.T) {
 	w := startConfig(t, sandboxconfig.Config{Nodes: []sandboxconfig.NodeConfig{
 		mig("a100", "A100-40GB"), mig("h100", "H100-80GB"), {Name: "core", Mode: api.ModeHAMiCore, GPUs: []string{"A100-40GB"}}}})
 	w.Create(pinned("old", api.ModeMIG, 19000, "a100"))
-	w.running("old")
+	w.Running("old")
 
 	pods := []*v1.Pod{pod("m1", api.ModeMIG, 1, 9000), pod("m2", api.ModeMIG, 1, 9000), pod("m3", api.ModeMIG, 1, 4000),
 		pod("shared", api.ModeHAMiCore, 1, 4000), pod("pair", api.ModeMIG, 2, 4000), pod("too-big", api.ModeMIG, 1, 90000), pod("whole", api.ModeMIG, 1, 70000)}
@@ -179,11 +179,11 @@ func TestSimulateMatchesScheduler(t *testing.T) {
 		p.ResourceVersion = ""
 		w.Create(p)
 	}
-	w.running("m1", "m2", "m3", "shared", "pair")
+	w.Running("m1", "m2", "m3", "shared", "pair")
 	for _, l := range sim.Pods {
 		if l.Node == "" {
 			// Fits nowhere: the scheduler's Pending condition says what simulate said.
-			msg := w.pending(strings.TrimPrefix(l.Pod, "default/"))
+			msg := w.Pending(strings.TrimPrefix(l.Pod, "default/"))
 			for reason, n := range l.Refusals {
 				if !strings.Contains(msg, fmt.Sprintf("%d %s", n, reason)) {
 					t.Errorf("%s: simulate counts %d node(s) %q; the scheduler says %q", l.Pod, n, reason, msg)
@@ -297,14 +297,14 @@ func TestUnexplainedInstancesAreTaken(t *testing.T) {
 		return len(gpus[0].Unexplained) == 2, fmt.Sprintf("unexplained: %v", gpus[0].Unexplained)
 	})
 	w.Create(pod("half", api.ModeMIG, 1, 19000))
-	if msg := w.pending("half"); !strings.Contains(msg, "1 all MIG placements taken") {
+	if msg := w.Pending("half"); !strings.Contains(msg, "1 all MIG placements taken") {
 		t.Errorf("half: %q, want all placements taken", msg)
 	}
 	if nodes := w.kubectlDynamig("nodes", "n"); !strings.Contains(nodes, "|x x x x x x . .|") {
 		t.Errorf("kubectl dynamig nodes does not show the unexplained instances:\n%s", nodes)
 	}
 	w.Create(pod("small", api.ModeMIG, 1, 4000))
-	if r := w.running("small")["small"]; len(r) != 1 || r[0].Placement != (api.Placement{Start: 6, Size: 1}) {
+	if r := w.Running("small")["small"]; len(r) != 1 || r[0].Placement != (api.Placement{Start: 6, Size: 1}) {
 		t.Errorf("small: %v, want a 1g.5gb at [6,7), the one free placement", r)
 	}
 }

@@ -26,7 +26,7 @@ func TestRuntimeIgnoringCDI(t *testing.T) {
 		p.Spec.Containers[0].Image = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
 		w.Create(p)
 	}
-	recs := w.running("cuda-cdi-off", "cuda-cdi-on")
+	recs := w.Running("cuda-cdi-off", "cuda-cdi-on")
 
 	env, err := w.SB.ContainerEnv(w.Ctx, "default", "cuda-cdi-off", "main")
 	if err != nil {

@@ -49,7 +49,7 @@ func Binary() (string, error) { return kubeletBuild.Get() }
 
 var kubeletBuild = &usercache.Build{Env: KubeletEnv, What: "the kubelet",
 	Name: func() (string, error) {
-		v, err := release()
+		v, err := version.KubernetesRelease()
 		return "kubelet-" + v, err
 	},
 	Check: func(p string) error { _, err := os.Stat(p); return err },
@@ -61,7 +61,7 @@ var kubeletBuild = &usercache.Build{Env: KubeletEnv, What: "the kubelet",
 		}
 		tmp.Close()
 		defer os.Remove(tmp.Name())
-		v, err := release()
+		v, err := version.KubernetesRelease()
 		if err != nil {
 			return err
 		}
@@ -71,20 +71,6 @@ var kubeletBuild = &usercache.Build{Env: KubeletEnv, What: "the kubelet",
 		}
 		return os.Rename(tmp.Name(), p)
 	}}
-
-// release is the k8s.io/kubernetes release the kubelet is built from: Version, or, in a
-// test binary (which carries no module list), the go command's answer for the module file
-// in use.
-func release() (string, error) {
-	if Version != "unknown" {
-		return Version, nil
-	}
-	out, err := exec.Command("go", "list", "-m", "-f", "{{if .Replace}}{{.Replace.Version}}{{else}}{{.Version}}{{end}}", "k8s.io/kubernetes").Output()
-	if err != nil {
-		return "", fmt.Errorf("the k8s.io/kubernetes release to build the kubelet of: go list -m: %w", err)
-	}
-	return strings.TrimSpace(string(out)), nil
-}
 
 // ldFlags stamp release v into a kubelet build.
 func ldFlags(v string) string {

@@ -45,6 +45,7 @@ import (
 	"github.com/dynamig/dynamig/test/kubeletnode"
 	"github.com/dynamig/dynamig/test/kubeletnode/runtimetools"
 	"github.com/dynamig/dynamig/test/netns"
+	"github.com/dynamig/dynamig/version"
 )
 
 // The install: dynamig's release and namespace, and the registry its images are named in
@@ -493,15 +494,15 @@ func withEnv(img containerregistry.Image, env ...string) (containerregistry.Imag
 	return mutate.Config(img, *c)
 }
 
-// kubernetesRelease is the release of the k8s.io/kubernetes module the go command's module
-// file pins ("v1.37.2"): the in-process API server's, which it does not report (its version
-// is stamped at link time, and a test binary is not).
+// kubernetesRelease is the k8s.io/kubernetes release built with ("v1.37.2"): the in-process
+// API server's, which it does not report (its version is stamped at link time, and a test
+// binary is not).
 func kubernetesRelease() (*chartutil.KubeVersion, error) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "k8s.io/kubernetes").Output()
+	v, err := version.KubernetesRelease()
 	if err != nil {
-		return nil, fmt.Errorf("go list -m k8s.io/kubernetes: %w", err)
+		return nil, err
 	}
-	return chartutil.ParseKubeVersion(strings.TrimSpace(string(out)))
+	return chartutil.ParseKubeVersion(v)
 }
 
 // kubernetesMinor is "1.37" for kubernetesRelease: the scheduler image's tag suffix, as the

@@ -42,6 +42,9 @@ type install struct {
 	objs []*unstructured.Unstructured
 	// schedulerConfig is the KubeSchedulerConfiguration of the scheduler's ConfigMap.
 	schedulerConfig string
+	// schedulerFlags are the scheduler container's kube-scheduler flags the sandbox's
+	// in-process scheduler takes too: its feature gates.
+	schedulerFlags []string
 }
 
 // readInstall reads the manifest at path and makes the sandbox's changes to it: the device
@@ -90,8 +93,26 @@ func readInstall(path string, deviceConfig []byte, webhookURL string) (*install,
 		if err := unstructured.SetNestedField(d.Object, int64(0), "spec", "replicas"); err != nil {
 			return nil, err
 		}
+		if name == schedulerWorkload {
+			in.schedulerFlags = featureGateArgs(d)
+		}
 	}
 	return in, nil
+}
+
+// featureGateArgs are the --feature-gates arguments of the Deployment's containers.
+func featureGateArgs(d *unstructured.Unstructured) []string {
+	var out []string
+	containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+	for _, c := range containers {
+		args, _, _ := unstructured.NestedStringSlice(c.(map[string]any), "args")
+		for _, a := range args {
+			if strings.HasPrefix(a, "--feature-gates=") {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
 }
 
 // workload returns the Deployment or DaemonSet named name.

@@ -65,6 +65,11 @@ type Options struct {
 	// controllermanager.Start for a sandbox where Deployments, Jobs and DaemonSets make pods,
 	// node lifecycle runs and pods get service-account tokens. nil: none, as the fast suites run.
 	Controllers func(ctx context.Context, cp *cluster.ControlPlane) (stop func(), err error)
+	// APIServerFlags are more kube-apiserver flags: the cluster's own configuration, such as
+	// the feature gates and API groups of the Workload API (test/gang). The scheduler takes
+	// its flags from the manifest (its Deployment's --feature-gates); both run in this
+	// process, whose feature gates are one set.
+	APIServerFlags []string
 }
 
 // Sandbox is a running in-process cluster.
@@ -169,7 +174,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, err error) {
 	for _, n := range opts.Config.Nodes {
 		users[nodeUser(n.Name)] = []string{"system:masters", "system:nodes"}
 	}
-	if s.cp, err = cluster.StartProcess(ctx, cluster.Options{Users: users, Log: log, Controllers: opts.Controllers}); err != nil {
+	if s.cp, err = cluster.StartProcess(ctx, cluster.Options{Users: users, Log: log, Controllers: opts.Controllers, APIServerFlags: opts.APIServerFlags}); err != nil {
 		return nil, err
 	}
 	if s.admin, err = s.cp.Client(cluster.UserAdmin); err != nil {
@@ -333,7 +338,7 @@ func (s *Sandbox) runScheduler() error {
 	if err != nil {
 		return fmt.Errorf("scheduler config: %w", err)
 	}
-	stop, err := cluster.StartScheduler(s.ctx, s.cp, file)
+	stop, err := cluster.StartScheduler(s.ctx, s.cp, file, s.install.schedulerFlags...)
 	if err != nil {
 		return err
 	}

@@ -57,3 +57,24 @@ cores in its limits, which the webhook gives the device config's defaultGPUNum d
 object.spec.containers.exists(c, ['{{ .Values.resourceMem }}', '{{ .Values.resourceMemPercentage }}', '{{ .Values.resourceCores }}'].exists(r,
   r in c.?resources.?limits.orValue({})))
 {{- end }}
+
+{{/* Whether the scheduler runs with the Workload API's gang scheduling, "true" or "false", from
+scheduler.gangScheduling: auto is on where the cluster serves scheduling.k8s.io/v1beta1
+PodGroups (1.37 and later); true before 1.37 is refused, the Workload API being alpha there. */}}
+{{- define "dynamig.gangScheduling" -}}
+{{- $v := toString .Values.scheduler.gangScheduling -}}
+{{- $kube := .Capabilities.KubeVersion -}}
+{{- $minor := regexFind "^[0-9]+" $kube.Minor | atoi -}}
+{{- if eq $v "auto" -}}
+{{- and (ge $minor 37) (.Capabilities.APIVersions.Has "scheduling.k8s.io/v1beta1/PodGroup") -}}
+{{- else if eq $v "true" -}}
+{{- if lt $minor 37 -}}
+{{- fail (printf "scheduler.gangScheduling: true needs Kubernetes 1.37 or later, where the Workload API is beta; this cluster is %s: set auto or false" $kube.Version) -}}
+{{- end -}}
+true
+{{- else if eq $v "false" -}}
+false
+{{- else -}}
+{{- fail (printf "scheduler.gangScheduling: %q: must be auto, true or false" $v) -}}
+{{- end -}}
+{{- end }}
