@@ -22,7 +22,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/dynamic"
@@ -84,41 +83,34 @@ func start(t *testing.T, nodes ...string) *world {
 	return w
 }
 
-// gang creates a PodGroup of minCount with gang scheduling, then its pods, each asking for
-// one device of memory MiB; it returns their names.
-func (w *world) gang(name string, minCount, pods, memory int) []string {
+// apply creates the objects of an example file (a PodGroup and its pods), as `kubectl
+// create -f` would, in namespace default, and returns the pods' names.
+func (w *world) apply(file string) []string {
 	w.T.Helper()
-	pg := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
-		"metadata": map[string]any{"name": name, "namespace": "default"},
-		"spec":     map[string]any{"schedulingPolicy": map[string]any{"gang": map[string]any{"minCount": int64(minCount)}}},
-	}}
-	if _, err := w.dyn.Resource(podGroups).Namespace("default").Create(w.Ctx, pg, metav1.CreateOptions{}); err != nil {
-		w.T.Fatalf("creating PodGroup %s: %v", name, err)
+	data, err := os.ReadFile(file)
+	if err != nil {
+		w.T.Fatal(err)
 	}
-	var names []string
-	for i := range pods {
-		p := sandboxtest.GPUPod(name+"-"+strconv.Itoa(i), "mig", 1, memory)
-		obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
-		if err != nil {
-			w.T.Fatal(err)
-		}
-		u := &unstructured.Unstructured{Object: obj}
-		u.SetAPIVersion("v1")
-		u.SetKind("Pod")
-		if err := unstructured.SetNestedField(u.Object, name, "spec", "schedulingGroup", "podGroupName"); err != nil {
-			w.T.Fatal(err)
-		}
-		created, err := w.dyn.Resource(v1.SchemeGroupVersion.WithResource("pods")).Namespace("default").Create(w.Ctx, u, metav1.CreateOptions{})
-		if err != nil {
-			w.T.Fatalf("creating pod %s: %v", p.Name, err)
-		}
-		if _, ok, _ := unstructured.NestedString(created.Object, "spec", "schedulingGroup", "podGroupName"); !ok {
-			w.T.Fatalf("the API server dropped pod %s's spec.schedulingGroup: is the GenericWorkload gate on?", p.Name)
-		}
-		names = append(names, p.Name)
+	objs, err := manifests.Objects(data)
+	if err != nil {
+		w.T.Fatal(err)
 	}
-	return names
+	var pods []string
+	for _, o := range objs {
+		gvr := podGroups
+		if o.GetKind() == "Pod" {
+			gvr = v1.SchemeGroupVersion.WithResource("pods")
+			pods = append(pods, o.GetName())
+		}
+		created, err := w.dyn.Resource(gvr).Namespace("default").Create(w.Ctx, o, metav1.CreateOptions{})
+		if err != nil {
+			w.T.Fatalf("creating %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+		if _, ok, _ := unstructured.NestedString(created.Object, "spec", "schedulingGroup", "podGroupName"); o.GetKind() == "Pod" && !ok {
+			w.T.Fatalf("the API server dropped pod %s's spec.schedulingGroup: is the GenericWorkload gate on?", o.GetName())
+		}
+	}
+	return pods
 }
 
 // holdsNothing asserts, for hold, that none of the pods is bound or carries a reservation,
@@ -192,7 +184,10 @@ func TestGangAllOrNothing(t *testing.T) {
 	if len(held) != 1 || held[0].Profile != "3g.20gb" {
 		t.Fatalf("holder got %v, want one 3g.20gb", held)
 	}
-	gang := w.gang("train", 4, 4, 19000)
+	gang := w.apply("../../examples/gang/train.yaml")
+	if len(gang) != 4 {
+		t.Fatalf("the example's pods: %v, want 4", gang)
+	}
 	for _, n := range gang {
 		if msg := w.Pending(n); msg == "" {
 			t.Fatalf("%s: no reason given", n)
