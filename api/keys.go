@@ -51,6 +51,10 @@ const (
 	GPUSchedulerPolicyAnnotation  = "hami.io/gpu-scheduler-policy"
 	// NUMABindAnnotation "true" keeps a pod's GPU devices on one NUMA node (HAMi's key).
 	NUMABindAnnotation = "nvidia.com/numa-bind"
+	// RelocatableAnnotation "true" lets dynamig-scheduler evict the pod, when relocation is
+	// on, to make room for a pending GPU pod of equal or higher priority; only a pod a
+	// controller owns is ever moved, and its controller makes it again.
+	RelocatableAnnotation = "dynamig.io/relocatable"
 )
 
 // Device modes: the value of an inventory entry's `mode`, of a node's

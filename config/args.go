@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -52,7 +53,32 @@ type DynamicMIGArgs struct {
 	// LegacyMetrics also exports HAMi's scheduler series under their legacy names
 	// (nodeGPUMigInstance, GPUDeviceMemoryLimit, vGPUMemoryAllocated, …).
 	LegacyMetrics bool `json:"legacyMetrics,omitempty"`
+
+	// Relocation lets DynamicMIG evict pods that allow it to make room for a pending MIG pod
+	// (docs/configuration.md, relocation); off unless enabled.
+	Relocation RelocationArgs `json:"relocation,omitempty"`
 }
+
+// RelocationArgs configure relocation: when a pending MIG pod fits on a GPU only if pods
+// annotated dynamig.io/relocatable move, and each of them fits elsewhere now, DynamicMIG's
+// PostFilter evicts them (Eviction API) and nominates the pod to the freed placement.
+type RelocationArgs struct {
+	// Enabled turns relocation on (default false).
+	Enabled bool `json:"enabled,omitempty"`
+	// Interval: pods of a controller whose pods were relocated are not relocated again within
+	// it (default 10m).
+	Interval *metav1.Duration `json:"interval,omitempty"`
+	// MaxPods is the most pods moved for one pending pod, from one GPU (default 3, at most 7).
+	MaxPods int `json:"maxPods,omitempty"`
+}
+
+// Relocation's defaults and bounds.
+const (
+	DefaultRelocationInterval = 10 * time.Minute
+	DefaultRelocationMaxPods  = 3
+	// MaxRelocationMaxPods: a MIG GPU holds at most 7 instances.
+	MaxRelocationMaxPods = 7
+)
 
 // DefaultSchedulerMetricsAddress is the default MetricsBindAddress.
 const DefaultSchedulerMetricsAddress = ":9395"
@@ -69,6 +95,10 @@ func (a *DynamicMIGArgs) DeepCopyObject() runtime.Object {
 	if a.CreateSigningKey != nil {
 		v := *a.CreateSigningKey
 		out.CreateSigningKey = &v
+	}
+	if a.Relocation.Interval != nil {
+		v := *a.Relocation.Interval
+		out.Relocation.Interval = &v
 	}
 	return &out
 }
@@ -92,6 +122,12 @@ func (a *DynamicMIGArgs) SetDefaults() {
 	}
 	if a.CreateSigningKey == nil {
 		a.CreateSigningKey = ptrTo(true)
+	}
+	if a.Relocation.Interval == nil {
+		a.Relocation.Interval = &metav1.Duration{Duration: DefaultRelocationInterval}
+	}
+	if a.Relocation.MaxPods == 0 {
+		a.Relocation.MaxPods = DefaultRelocationMaxPods
 	}
 }
 
@@ -118,6 +154,12 @@ func (a *DynamicMIGArgs) Validate() field.ErrorList {
 		if _, _, err := net.SplitHostPort(a.MetricsBindAddress); err != nil {
 			errs = append(errs, field.Invalid(field.NewPath("metricsBindAddress"), a.MetricsBindAddress, fmt.Sprintf("must be host:port or :port (%v)", err)))
 		}
+	}
+	if d := a.Relocation.Interval; d != nil && d.Duration < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("relocation", "interval"), d.Duration.String(), "must not be negative"))
+	}
+	if n := a.Relocation.MaxPods; n < 1 || n > MaxRelocationMaxPods {
+		errs = append(errs, field.Invalid(field.NewPath("relocation", "maxPods"), n, fmt.Sprintf("must be 1 to %d (a MIG GPU holds at most %d instances)", MaxRelocationMaxPods, MaxRelocationMaxPods)))
 	}
 	return errs
 }

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/yaml"
 )
@@ -16,7 +17,8 @@ func TestDynamicMIGArgsDefaults(t *testing.T) {
 	if args.ResourceCountName != "nvidia.com/gpu" || args.NodeSchedulerPolicy != "binpack" ||
 		args.MIGGPUSchedulerPolicy != "binpack" || args.HAMiCoreGPUSchedulerPolicy != "spread" ||
 		args.LeaseNamespace != "dynamig-system" || args.SigningKeyNamespace != "dynamig-signing" ||
-		args.MetricsBindAddress != ":9395" || !*args.FragmentationAware || !*args.CreateSigningKey || args.LegacyMetrics {
+		args.MetricsBindAddress != ":9395" || !*args.FragmentationAware || !*args.CreateSigningKey || args.LegacyMetrics ||
+		args.Relocation.Enabled || args.Relocation.Interval.Duration != 10*time.Minute || args.Relocation.MaxPods != 3 {
 		t.Errorf("defaults: %+v", args)
 	}
 	cp := args.DeepCopyObject().(*DynamicMIGArgs)
@@ -27,11 +29,12 @@ func TestDynamicMIGArgsDefaults(t *testing.T) {
 }
 
 func TestDecodeDynamicMIGArgs(t *testing.T) {
-	args, err := DecodeDynamicMIGArgs([]byte(`{"kind":"DynamicMIGArgs","apiVersion":"kubescheduler.config.k8s.io/v1","leaseNamespace":"gpu-system","fragmentationAware":false,"nodeSchedulerPolicy":"spread"}`))
+	args, err := DecodeDynamicMIGArgs([]byte(`{"kind":"DynamicMIGArgs","apiVersion":"kubescheduler.config.k8s.io/v1","leaseNamespace":"gpu-system","fragmentationAware":false,"nodeSchedulerPolicy":"spread","relocation":{"enabled":true,"interval":"90s"}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if args.LeaseNamespace != "gpu-system" || *args.FragmentationAware || args.NodeSchedulerPolicy != "spread" {
+	if args.LeaseNamespace != "gpu-system" || *args.FragmentationAware || args.NodeSchedulerPolicy != "spread" ||
+		!args.Relocation.Enabled || args.Relocation.Interval.Duration != 90*time.Second {
 		t.Errorf("decoded: %+v", args)
 	}
 	for _, tc := range []struct{ doc, want string }{
@@ -42,6 +45,9 @@ func TestDecodeDynamicMIGArgs(t *testing.T) {
 		{"metricsBindAddress: nine", "metricsBindAddress"},
 		{"resourceCoreName: cores", "resourceCoreName"},
 		{"fragmentationAwareness: true", "fragmentationAwareness"},
+		{"relocation: {interval: -1m}", `relocation.interval: Invalid value: "-1m0s": must not be negative`},
+		{"relocation: {maxPods: 8}", "relocation.maxPods: Invalid value: 8: must be 1 to 7"},
+		{"relocation: {enable: true}", "enable"},
 	} {
 		if _, err := DecodeDynamicMIGArgs([]byte(tc.doc)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: error %v should name %s", tc.doc, err, tc.want)

@@ -1,0 +1,104 @@
+package placement
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/dynamig/dynamig/api"
+)
+
+// Movable is a pod holding MIG instances on a node that may be moved elsewhere (relocated).
+type Movable struct {
+	// Key names the pod for the caller.
+	Key string
+	// GPU indexes the node's GPU that holds every instance of the pod: only such pods are
+	// movable, a relocation frees room on one GPU.
+	GPU       int
+	Instances []Instance
+}
+
+// Relocation is how a request fits on a node once some pods leave one of its GPUs.
+type Relocation struct {
+	GPU int
+	// Moved are the Keys of the pods that leave, in the order Movables listed them.
+	Moved []string
+	// Result is the request's fit once they are gone.
+	Result *Result
+}
+
+// Relocate finds the smallest set of movables on one MIG GPU of the node whose leaving lets
+// req fit there: sets of 1 to maxPods pods, each size tried whole before the next; within a
+// size, the set freeing the fewest slots first, then the fit of least fragmentation cost,
+// then the lower GPU, then the movables' order. accept decides whether a set may move (its
+// pods fit elsewhere now); the first set accepted is returned. gpus holds every reservation
+// of the node, the movables' included; it is not modified.
+func Relocate(gpus []GPU, req *Request, opts Options, movables []Movable, maxPods int, accept func(moved []string) bool) (*Relocation, bool) {
+	byGPU := map[int][]Movable{}
+	for _, m := range movables {
+		if m.GPU >= 0 && m.GPU < len(gpus) && gpus[m.GPU].Info.Mode == api.ModeMIG {
+			byGPU[m.GPU] = append(byGPU[m.GPU], m)
+		}
+	}
+	type candidate struct {
+		rel   Relocation
+		freed int
+	}
+	for size := 1; size <= maxPods; size++ {
+		var found []candidate
+		for g, ms := range byGPU {
+			if size > len(ms) {
+				continue
+			}
+			forEachSubset(len(ms), size, func(idx []int) {
+				without := slices.Clone(gpus)
+				var moved []string
+				freed := 0
+				gone := map[Instance]bool{}
+				for _, i := range idx {
+					moved = append(moved, ms[i].Key)
+					for _, in := range ms[i].Instances {
+						gone[in] = true
+						freed += in.Placement.Size
+					}
+				}
+				without[g].MIG = slices.DeleteFunc(slices.Clone(gpus[g].MIG), func(in Instance) bool { return gone[in] })
+				res, refusal := Fit(without, req, opts)
+				if refusal != nil || !slices.ContainsFunc(res.Assignments, func(a Assignment) bool { return a.GPU == g }) {
+					return // it does not fit, or fits without the room they leave
+				}
+				found = append(found, candidate{Relocation{GPU: g, Moved: moved, Result: res}, freed})
+			})
+		}
+		slices.SortStableFunc(found, func(a, b candidate) int {
+			return cmp.Or(cmp.Compare(a.freed, b.freed), cmp.Compare(a.rel.Result.Cost, b.rel.Result.Cost), cmp.Compare(a.rel.GPU, b.rel.GPU))
+		})
+		for _, c := range found {
+			if accept(c.rel.Moved) {
+				return &c.rel, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// forEachSubset calls f with every k-subset of 0..n-1, in lexicographic order.
+func forEachSubset(n, k int, f func(idx []int)) {
+	idx := make([]int, k)
+	for i := range idx {
+		idx[i] = i
+	}
+	for {
+		f(slices.Clone(idx))
+		i := k - 1
+		for i >= 0 && idx[i] == n-k+i {
+			i--
+		}
+		if i < 0 {
+			return
+		}
+		idx[i]++
+		for j := i + 1; j < k; j++ {
+			idx[j] = idx[j-1] + 1
+		}
+	}
+}
