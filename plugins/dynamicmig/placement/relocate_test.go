@@ -27,13 +27,13 @@ func TestRelocate(t *testing.T) {
 	}
 	all := func([]string) bool { return true }
 	for _, tc := range []struct {
-		name     string
-		holders  []Movable // on the node
-		movable  []string  // the holders that may move
-		maxPods  int
-		refuse   []string // a set accept refuses
-		want     []string // nil: no relocation
-		wantGPU  int
+		name    string
+		holders []Movable // on the node
+		movable []string  // the holders that may move
+		maxPods int
+		refuse  []string // a set accept refuses
+		want    []string // nil: no relocation
+		wantGPU int
 	}{
 		// Either one frees a placement; moving b leaves the least fragmentation.
 		{name: "one of two blockers", holders: []Movable{one1g("a", 0, 1), one1g("b", 0, 5)}, movable: []string{"a", "b"}, maxPods: 3, want: []string{"b"}},
