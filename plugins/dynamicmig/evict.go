@@ -76,14 +76,21 @@ func (e *evictor) run(ctx context.Context) {
 
 // evict evicts the pod if it is still the one given up; gone or replaced is done.
 func (e *evictor) evict(ctx context.Context, item evictee) error {
-	eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: item.namespace, Name: item.name},
-		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &item.uid}}}
-	err := e.client.PolicyV1().Evictions(item.namespace).Evict(ctx, eviction)
-	switch {
-	case err == nil:
-		klog.FromContext(ctx).Info("Evicted a pod its device plugin gave up on", "pod", klog.KRef(item.namespace, item.name))
-		return nil
-	case apierrors.IsNotFound(err), apierrors.IsConflict(err): // gone, or another pod of the name
+	if err := evictPod(ctx, e.client, item.namespace, item.name, item.uid); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).Info("Evicted a pod its device plugin gave up on", "pod", klog.KRef(item.namespace, item.name))
+	return nil
+}
+
+// evictPod evicts the pod of that name through the Eviction API, which keeps disruption
+// budgets, if it is still the pod of uid (a precondition): one gone, or replaced by another
+// of its name, counts as evicted.
+func evictPod(ctx context.Context, client clientset.Interface, namespace, name string, uid types.UID) error {
+	eviction := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}}
+	err := client.PolicyV1().Evictions(namespace).Evict(ctx, eviction)
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return nil
 	}
 	return err

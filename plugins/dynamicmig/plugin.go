@@ -18,6 +18,7 @@ import (
 	coordinationinformers "k8s.io/client-go/informers/coordination/v1"
 	clientset "k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	policylisters "k8s.io/client-go/listers/policy/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -46,6 +47,7 @@ var (
 	_ fwk.BindPlugin        = &DynamicMIG{}
 	_ fwk.EnqueueExtensions = &DynamicMIG{}
 	_ fwk.SignPlugin        = &DynamicMIG{}
+	_ fwk.PostFilterPlugin  = &DynamicMIG{}
 )
 
 // DynamicMIG is the plugin.
@@ -86,6 +88,10 @@ type DynamicMIG struct {
 	quotaLister  corelisters.ResourceQuotaLister
 	quotaNames   quota.Names
 	quotaWaiting *quotaWaiters
+	// relocated remembers the controllers whose pods were relocated (relocate.go);
+	// pdbLister reads disruption budgets, where relocation is on.
+	relocated *relocationLog
+	pdbLister policylisters.PodDisruptionBudgetLister
 }
 
 // New builds the plugin from its args (a *config.DynamicMIGArgs, or the raw args of the
@@ -126,6 +132,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, fts feature.Feat
 		pending:              newPendingPods(),
 		quotaNames:           quota.NamesOf(args.ResourceMemoryName, args.ResourceCoreName),
 		quotaWaiting:         newQuotaWaiters(),
+		relocated:            newRelocationLog(),
 	}
 	// The heartbeat Leases: only the system namespace's Leases are watched, the node leases
 	// of kube-node-lease change every 10 s on every node and are none of our business.
@@ -144,6 +151,9 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, fts feature.Feat
 		return nil, fmt.Errorf("%s: watching ResourceQuotas: %w", Name, err)
 	}
 	pl.quotaLister = quotas.Lister()
+	if args.Relocation.Enabled {
+		pl.pdbLister = factory.Policy().V1().PodDisruptionBudgets().Lister()
+	}
 	collector.setSource(pl, factory.Core().V1().Nodes().Lister(), pl.podLister)
 	// Evict the pods a device plugin gave up on; drop in-flight reservations, scheduling
 	// attempts and heartbeat waits of deleted pods. Bound pods' reservations are dropped when

@@ -165,4 +165,10 @@ profiles:
       # Also export HAMi's scheduler series under their legacy names (nodeGPUMigInstance,
       # GPUDeviceMemoryLimit, vGPUMemoryAllocated, QuotaUsed, …; docs/metrics.md).
       legacyMetrics: {{ .Values.legacyMetrics }}
+      # Relocation: evict pods annotated dynamig.io/relocatable to make room for a pending
+      # MIG pod (docs/configuration.md, relocation).
+      relocation:
+        enabled: {{ .Values.scheduler.relocation.enabled }}
+        interval: {{ .Values.scheduler.relocation.interval | quote }}
+        maxPods: {{ .Values.scheduler.relocation.maxPods }}
 {{- end }}

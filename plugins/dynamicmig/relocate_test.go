@@ -1,0 +1,195 @@
+package dynamicmig
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	clienttesting "k8s.io/client-go/testing"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+	"k8s.io/utils/ptr"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/dynamig/dynamig/api"
+	"github.com/dynamig/dynamig/config"
+)
+
+// holder is a pod bound to node holding one MIG instance at [start, start+size) of the
+// node's first GPU: relocatable (annotated) or not, owned by ReplicaSet owner ("" for a
+// bare pod), of priority.
+func holder(t *testing.T, node *v1.Node, name, profile string, start, size int, relocatable bool, owner string, priority int32) *v1.Pod {
+	t.Helper()
+	inv, err := api.DecodeInventory(node.Annotations[api.NodeInventoryAnnotation])
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := gpuPod(name, api.ModeMIG, [2]int{1, 1})
+	p.Spec.NodeName = node.Name
+	p.Spec.Priority = ptr.To(priority)
+	p.Labels = map[string]string{"app": name}
+	raw, err := api.EncodeMigReservations([]api.MigReservation{{GPUUUID: inv[0].ID, Profile: profile, Placement: api.Placement{Start: start, Size: size}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Annotations[api.MigReservationsAnnotation] = raw
+	if relocatable {
+		p.Annotations[api.RelocatableAnnotation] = "true"
+	}
+	if owner != "" {
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: owner, UID: types.UID("uid-" + owner), Controller: ptr.To(true)}}
+	}
+	return p
+}
+
+// relocationWorld: node n's A100-40GB holds 1g.5gb pods a (slot 1) and b (slot 5), which
+// block both 3g.20gb placements; node m's holds a 3g.20gb and a 2g.10gb, immovable, so one
+// 1g.5gb fits there (slot 6) and no 3g.20gb. A 3g.20gb pod fits only if a or b moves.
+type relocationWorld struct {
+	*env
+	evicted []string
+}
+
+func newRelocationWorld(t *testing.T, args *config.DynamicMIGArgs, a, b *v1.Pod, objs ...runtime.Object) *relocationWorld {
+	t.Helper()
+	n, m := gpuNode(t, "n", api.ModeMIG, "A100-40GB"), gpuNode(t, "m", api.ModeMIG, "A100-40GB")
+	objs = append(objs, a, b, holder(t, m, "m3g", "3g.20gb", 0, 4, false, "", 0), holder(t, m, "m2g", "2g.10gb", 4, 2, false, "", 0))
+	w := &relocationWorld{env: newEnv(t, args, []*v1.Node{n, m}, objs...)}
+	w.client.PrependReactor("create", "pods", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		if action.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		ev := action.(clienttesting.CreateAction).GetObject().(*policyv1.Eviction)
+		w.evicted = append(w.evicted, ev.Name)
+		return true, ev, w.client.Tracker().Delete(v1.SchemeGroupVersion.WithResource("pods"), ev.Namespace, ev.Name)
+	})
+	return w
+}
+
+// postFilter runs a cycle of a 3g.20gb pod of priority, which fits nowhere, then
+// DynamicMIG's PostFilter on the nodes' statuses, and waits for its evictions.
+func (w *relocationWorld) postFilter(name string, priority int32) (*fwk.PostFilterResult, *fwk.Status) {
+	w.t.Helper()
+	p := gpuPod(name, api.ModeMIG, [2]int{1, 19000})
+	p.Spec.Priority = ptr.To(priority)
+	state, node, statuses := w.cycle(p)
+	if node != "" {
+		w.t.Fatalf("%s fits on %s without a relocation", name, node)
+	}
+	reader := framework.NewDefaultNodeToStatus()
+	for n, st := range statuses {
+		reader.Set(n, st)
+	}
+	before := relocationEvictionsCount()
+	res, st := w.pl.PostFilter(w.ctx, state, p, reader)
+	if st.IsSuccess() {
+		waitFor(w.t.(*testing.T), func() bool { return relocationEvictionsCount() > before })
+	}
+	return res, st
+}
+
+func relocationEvictionsCount() float64 {
+	n := 0.0
+	for _, r := range []string{"evicted", "refused", "failed"} {
+		n += testutil.ToFloat64(relocationEvictions.WithLabelValues(r))
+	}
+	return n
+}
+
+// TestRelocation: with relocation on, a 3g.20gb pod that fits nowhere is nominated to node n
+// and one relocatable pod is evicted from it, the one that leaves the least fragmentation
+// and fits elsewhere now; never a pod without the annotation, a bare pod, a pod of higher
+// priority, one its disruption budget protects, one that fits nowhere else, or one whose
+// controller's pods were relocated within the interval; and nothing with relocation off.
+func TestRelocation(t *testing.T) {
+	on := func() *config.DynamicMIGArgs {
+		return &config.DynamicMIGArgs{Relocation: config.RelocationArgs{Enabled: true}}
+	}
+	n := gpuNode(t, "n", api.ModeMIG, "A100-40GB")
+	a := func() *v1.Pod { return holder(t, n, "a", "1g.5gb", 1, 1, true, "rs-a", 0) }
+	b := func() *v1.Pod { return holder(t, n, "b", "1g.5gb", 5, 1, true, "rs-b", 0) }
+
+	t.Run("relocates one pod", func(t *testing.T) {
+		w := newRelocationWorld(t, on(), a(), b())
+		res, st := w.postFilter("p", 0)
+		if !st.IsSuccess() || res == nil || res.NominatingInfo == nil || res.NominatingInfo.NominatedNodeName != "n" || res.NominatingInfo.Mode() != fwk.ModeOverride {
+			t.Fatalf("PostFilter: %v, %+v; want p nominated to n", st, res)
+		}
+		// Either frees a 3g.20gb placement; b's [4,8) leaves the least fragmentation.
+		if !slices.Equal(w.evicted, []string{"b"}) {
+			t.Errorf("evicted %v, want [b]", w.evicted)
+		}
+		// The Relocating event on p, the Relocated one on b.
+		var got []string
+		for len(got) < 2 {
+			select {
+			case e := <-w.events.Events:
+				got = append(got, e)
+			case <-time.After(5 * time.Second):
+				t.Fatalf("events %v, want Relocating and Relocated", got)
+			}
+		}
+		if !strings.Contains(got[0], "Relocating") || !strings.Contains(got[0], "default/b") || !strings.Contains(got[1], "Relocated") {
+			t.Errorf("events %q", got)
+		}
+		// b's controller is not relocated from again within the interval: with b2, b's
+		// replacement of the same controller, at b's slot, a second pod's relocation moves
+		// a, not b2.
+		b2 := holder(t, n, "b2", "1g.5gb", 5, 1, true, "rs-b", 0)
+		if _, err := w.client.CoreV1().Pods("default").Create(w.ctx, b2, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		w.evicted = nil
+		if _, st := w.postFilter("q", 0); !st.IsSuccess() || !slices.Equal(w.evicted, []string{"a"}) {
+			t.Errorf("a second relocation: %v, evicted %v; want a (b2's controller was relocated within the interval)", st, w.evicted)
+		}
+	})
+
+	for _, tc := range []struct {
+		name     string
+		a, b     *v1.Pod
+		priority int32
+		objs     []runtime.Object
+		args     *config.DynamicMIGArgs
+	}{
+		{name: "relocation off", a: a(), b: b(), args: &config.DynamicMIGArgs{}},
+		{name: "not annotated", a: holder(t, n, "a", "1g.5gb", 1, 1, false, "rs-a", 0), b: holder(t, n, "b", "1g.5gb", 5, 1, false, "rs-b", 0), args: on()},
+		{name: "bare pods", a: holder(t, n, "a", "1g.5gb", 1, 1, true, "", 0), b: holder(t, n, "b", "1g.5gb", 5, 1, true, "", 0), args: on()},
+		{name: "higher priority", a: a(), b: b(), priority: -1, args: on()},
+		{name: "disruption budgets", a: a(), b: b(), args: on(), objs: []runtime.Object{budget("a"), budget("b")}},
+		{name: "nowhere else", a: a(), b: b(), args: on(), objs: []runtime.Object{holder(t, gpuNode(t, "m", api.ModeMIG, "A100-40GB"), "m1g", "1g.5gb", 6, 1, false, "", 0)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newRelocationWorld(t, tc.args, tc.a, tc.b, tc.objs...)
+			if tc.name == "disruption budgets" {
+				waitFor(t, func() bool {
+					pdbs, _ := w.pl.pdbLister.List(labels.Everything())
+					return len(pdbs) == 2
+				})
+			}
+			res, st := w.postFilter("p", tc.priority)
+			if st.IsSuccess() || res != nil || len(w.evicted) > 0 {
+				t.Errorf("PostFilter: %v, %+v, evicted %v; want no relocation", st, res, w.evicted)
+			}
+			if tc.name == "relocation off" && len(st.Reasons()) > 0 {
+				t.Errorf("reasons %q: none where relocation is off (kube-scheduler adds them to every FailedScheduling message)", st.Reasons())
+			}
+		})
+	}
+}
+
+// budget is a PodDisruptionBudget of the pod of app label app that allows no disruption.
+func budget(app string) *policyv1.PodDisruptionBudget {
+	return &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: app, Namespace: "default", UID: types.UID("pdb-" + app)},
+		Spec:   policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(1)), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}},
+		Status: policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: 0}}
+}
