@@ -53,6 +53,7 @@ func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	}
 	observeLatency(bindLatency, start)
 	pl.pending.remove(pod.UID)
+	pl.relocated.finish(pod.UID)
 	if v := logger.V(2); v.Enabled() {
 		v.Info("Bound GPU pod", "pod", klog.KObj(pod), "node", nodeName, "devices", describe(r.result))
 	}

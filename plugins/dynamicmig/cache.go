@@ -161,6 +161,8 @@ type cachedFit struct {
 	request    string
 	fit        *nodeFit
 	refusal    *placement.Refusal
+	// withNominated: the NodeInfo held pods nominated there (stateData.nominatedFit).
+	withNominated bool
 }
 
 // maxCachedNodes bounds the cache; it is dropped whole when full (deleted nodes).

@@ -79,7 +79,7 @@ func (pl *DynamicMIG) PreFilter(ctx context.Context, state fwk.CycleState, pod *
 		return nil, fwk.AsStatus(err)
 	}
 	state.Write(stateKey, &stateData{req: req, key: string(key), now: time.Now(), devices: pl.takeFitRequest(state), quota: quota,
-		fitsRoom: min(gpuNodes.Len(), maxPresizedFits), refused: &sync.Map{}, attempt: pl.pending.start(pod)})
+		fitsRoom: min(gpuNodes.Len(), maxPresizedFits), refused: &sync.Map{}, nominatedFits: &sync.Map{}, attempt: pl.pending.start(pod)})
 	if gpuNodes.Len() == len(nodes) {
 		// Every node: kube-scheduler would clone the set for each pod (PreFilterResult.Merge)
 		// to filter the nodes it filters anyway.
@@ -143,12 +143,12 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 		cached, hit = pl.fits.get(node.Name, generation, s.key)
 	}
 	if !hit {
-		gpus, rank, status := pl.nodeGPUs(nodeInfo)
+		gpus, nominated, rank, status := pl.nodeGPUs(nodeInfo)
 		if status != nil {
 			s.attempt.note(rank)
 			return status
 		}
-		cached = cachedFit{generation: generation, request: s.key}
+		cached = cachedFit{generation: generation, request: s.key, withNominated: nominated}
 		res, refusal := placement.Fit(gpus, &s.req.Request, pl.opts)
 		if refusal == nil {
 			cached.fit = &nodeFit{result: res, gpus: gpus, gpuUtil: placement.NodeUtilisation(gpus, res), inUse: placement.InUse(gpus)}
@@ -179,7 +179,7 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, msg)
 		}
 	}
-	s.setFit(node.Name, cached.fit)
+	s.setFit(node.Name, s.nominatedFit(node.Name, cached.fit, cached.withNominated))
 	s.attempt.note(rankFit)
 	return nil
 }
@@ -196,48 +196,73 @@ func podGroupCycle(state fwk.CycleState) bool {
 	return ok && g.IsPodGroupSchedulingCycle()
 }
 
-// nodeGPUs is the node's inventory with the occupancy of its pods; when it refuses the node,
-// rank says why.
-func (pl *DynamicMIG) nodeGPUs(nodeInfo fwk.NodeInfo) ([]placement.GPU, int32, *fwk.Status) {
+// nodeGPUs is the node's inventory with the occupancy of its pods, and whether pods
+// nominated there are among them; when it refuses the node, rank says why.
+func (pl *DynamicMIG) nodeGPUs(nodeInfo fwk.NodeInfo) ([]placement.GPU, bool, int32, *fwk.Status) {
 	node := nodeInfo.Node()
 	inv, ok, err := pl.inventory.get(node)
 	if !ok {
-		return nil, rankNoInventory, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonNoInventory)
+		return nil, false, rankNoInventory, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonNoInventory)
 	}
 	if err != nil {
-		return nil, rankUnreadableInventory, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s has an unreadable GPU inventory: %v", node.Name, err))
+		return nil, false, rankUnreadableInventory, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s has an unreadable GPU inventory: %v", node.Name, err))
 	}
 	gpus := placement.GPUsOf(inv)
-	var nominated []*v1.Pod
+	var nominated, leaving []*v1.Pod
 	for _, pi := range nodeInfo.GetPods() {
 		p := pi.GetPod()
 		if p.Spec.NodeName == "" {
 			// Only a pod kube-scheduler nominated here is in a NodeInfo unbound (its
 			// addGENominatedPods): it has no reservation yet, but the room its preemption
-			// freed is its own. It is placed after every reservation.
+			// or relocation freed is its own. It is placed after every reservation.
 			nominated = append(nominated, p)
 			continue
 		}
 		if err := pl.addOccupancy(gpus, p); err != nil {
 			// An unreadable reservation could hide an occupied placement: place nothing here.
-			return nil, rankUnreadableReservation, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s: pod %s/%s: %v", node.Name, p.Namespace, p.Name, err))
+			return nil, false, rankUnreadableReservation, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("node %s: pod %s/%s: %v", node.Name, p.Namespace, p.Name, err))
+		}
+		if p.DeletionTimestamp != nil {
+			leaving = append(leaving, p)
 		}
 	}
-	for _, p := range nominated {
-		pl.addNominated(gpus, p)
+	if len(nominated) > 0 {
+		// The nominated pods are placed where they will fit once the pods going away (the
+		// victims of their preemption, the pods relocated for them) are gone: the room those
+		// free is held for them while they terminate.
+		var after []placement.GPU
+		if len(leaving) > 0 {
+			after = placement.GPUsOf(inv)
+			for _, pi := range nodeInfo.GetPods() {
+				if p := pi.GetPod(); p.Spec.NodeName != "" && p.DeletionTimestamp == nil {
+					_ = pl.addOccupancy(after, p) // read above
+				}
+			}
+		}
+		for _, p := range nominated {
+			pl.addNominated(gpus, after, p)
+		}
 	}
-	return gpus, rankNone, nil
+	return gpus, len(nominated) > 0, rankNone, nil
 }
 
 // addNominated adds where a nominated pod would be placed now, as its own cycle would place
-// it; a pod that does not fit (any more) holds nothing.
-func (pl *DynamicMIG) addNominated(gpus []placement.GPU, p *v1.Pod) {
+// it once the pods going away are gone (after: the node's GPUs without them; nil when none
+// is going), to gpus and after; a pod that does not fit (any more) holds nothing.
+func (pl *DynamicMIG) addNominated(gpus, after []placement.GPU, p *v1.Pod) {
 	req, err := request.Parse(p, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
 	if err != nil || req == nil {
 		return
 	}
-	if res, refusal := placement.Fit(gpus, &req.Request, pl.opts); refusal == nil {
+	room := after
+	if room == nil {
+		room = gpus
+	}
+	if res, refusal := placement.Fit(room, &req.Request, pl.opts); refusal == nil {
 		placement.AddAssignments(gpus, res.Assignments)
+		if after != nil {
+			placement.AddAssignments(after, res.Assignments)
+		}
 	}
 }
 

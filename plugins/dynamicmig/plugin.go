@@ -172,6 +172,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, fts feature.Feat
 				pl.pending.remove(p.UID)
 				pl.heartbeatWaiters.Delete(p.UID)
 				pl.quotaWaiting.remove(p)
+				pl.relocated.finish(p.UID)
 			}
 		},
 	}); err != nil {

@@ -55,6 +55,11 @@ func (pl *DynamicMIG) PostFilter(ctx context.Context, state fwk.CycleState, pod 
 	if err != nil {
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
+	if leaving := pl.stillLeaving(pod); leaving != "" {
+		// Its relocation is under way: the room is held for it (its nomination) until the
+		// pods moved for it are gone; no other pod is moved meanwhile.
+		return nil, fwk.NewStatus(fwk.Unschedulable, "waiting for "+leaving+", relocated for it, to leave")
+	}
 	candidates, err := statuses.NodesForStatusCode(pl.handle.SnapshotSharedLister().NodeInfos(), fwk.Unschedulable)
 	if err != nil {
 		return nil, fwk.AsStatus(err)
@@ -93,7 +98,7 @@ func (pl *DynamicMIG) planRelocation(ctx context.Context, pod *v1.Pod, s *stateD
 	slices.SortFunc(candidates, func(a, b fwk.NodeInfo) int { return strings.Compare(a.Node().Name, b.Node().Name) })
 	var best *relocationPlan
 	for _, ni := range candidates {
-		gpus, _, st := pl.nodeGPUs(ni)
+		gpus, _, _, st := pl.nodeGPUs(ni)
 		if st != nil || !pl.leaseTimes.heartbeatFresh(ni.Node().Name, now) {
 			continue
 		}
@@ -214,7 +219,7 @@ func (pl *DynamicMIG) fitElsewhere(pods []*v1.Pod, from string, nodes []fwk.Node
 			gpus, ok := work[name]
 			if !ok {
 				var st *fwk.Status
-				if gpus, _, st = pl.nodeGPUs(ni); st != nil {
+				if gpus, _, _, st = pl.nodeGPUs(ni); st != nil {
 					continue
 				}
 				work[name] = gpus
@@ -242,6 +247,7 @@ func (pl *DynamicMIG) relocate(ctx context.Context, pod *v1.Pod, plan *relocatio
 	for _, q := range plan.moved {
 		pl.relocated.mark(metav1.GetControllerOf(q).UID, now, pl.args.Relocation.Interval.Duration)
 	}
+	pl.relocated.start(pod.UID, plan)
 	relocations.Inc()
 	logger.Info("Relocating pods to make room for a GPU pod", "pod", klog.KObj(pod), "node", plan.node, "gpu", plan.gpu, "moved", keys(plan.moved), "devices", describe(plan.fit))
 	rec := pl.handle.EventRecorder()
@@ -295,13 +301,62 @@ func keys(pods []*v1.Pod) string {
 	return strings.Join(out, ", ")
 }
 
-// relocationLog remembers when each controller's pods were last relocated.
-type relocationLog struct {
-	mu sync.Mutex
-	at map[types.UID]time.Time
+// stillLeaving names the pods relocated for pod that the snapshot still shows on their node
+// ("" when none, or when no relocation was made for it).
+func (pl *DynamicMIG) stillLeaving(pod *v1.Pod) string {
+	plan, ok := pl.relocated.plan(pod.UID)
+	if !ok {
+		return ""
+	}
+	ni, err := pl.handle.SnapshotSharedLister().NodeInfos().Get(plan.node)
+	if err != nil {
+		pl.relocated.finish(pod.UID)
+		return ""
+	}
+	var left []*v1.Pod
+	for _, pi := range ni.GetPods() {
+		if slices.ContainsFunc(plan.moved, func(q *v1.Pod) bool { return q.UID == pi.GetPod().UID }) {
+			left = append(left, pi.GetPod())
+		}
+	}
+	if len(left) == 0 {
+		pl.relocated.finish(pod.UID)
+		return ""
+	}
+	return keys(left)
 }
 
-func newRelocationLog() *relocationLog { return &relocationLog{at: map[types.UID]time.Time{}} }
+// relocationLog remembers when each controller's pods were last relocated, and the
+// relocations under way, by the pod they make room for.
+type relocationLog struct {
+	mu     sync.Mutex
+	at     map[types.UID]time.Time
+	moving map[types.UID]*relocationPlan
+}
+
+func newRelocationLog() *relocationLog {
+	return &relocationLog{at: map[types.UID]time.Time{}, moving: map[types.UID]*relocationPlan{}}
+}
+
+func (l *relocationLog) start(pod types.UID, plan *relocationPlan) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.moving[pod] = plan
+}
+
+func (l *relocationLog) plan(pod types.UID) (*relocationPlan, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p, ok := l.moving[pod]
+	return p, ok
+}
+
+// finish forgets the relocation made for pod: its pods are gone, or it is bound or deleted.
+func (l *relocationLog) finish(pod types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.moving, pod)
+}
 
 // mark records a relocation of owner's pods, and forgets those past the interval.
 func (l *relocationLog) mark(owner types.UID, now time.Time, interval time.Duration) {

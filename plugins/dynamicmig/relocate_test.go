@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	clienttesting "k8s.io/client-go/testing"
 	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 	"k8s.io/utils/ptr"
 
@@ -192,4 +193,61 @@ func budget(app string) *policyv1.PodDisruptionBudget {
 	return &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: app, Namespace: "default", UID: types.UID("pdb-" + app)},
 		Spec:   policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(1)), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}},
 		Status: policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: 0}}
+}
+
+// TestNominatedRoomHeld: the room freed for a nominated pod (its preemption's victims, the
+// pods relocated for it) is held for it while they terminate, through kube-scheduler's two
+// Filter passes over a node with nominated pods (first with them on a clone of the state,
+// then without). Node n: GPU 0 holds 1g.5gb pods at slots 0–3 and one at slot 5 that is
+// terminating; a 3g.20gb pod is nominated to n (its room: [4,8) of GPU 0 once slot 5 is
+// free); GPU 1 holds one 1g.5gb pod. A 1g.5gb pod is reserved on GPU 1, not in the held room,
+// although without the nominated pod binpack prefers GPU 0's slots 4 and 6.
+func TestNominatedRoomHeld(t *testing.T) {
+	node := gpuNode(t, "n", api.ModeMIG, "A100-40GB", "A100-40GB")
+	e := newEnv(t, nil, []*v1.Node{node})
+	inv, err := api.DecodeInventory(node.Annotations[api.NodeInventoryAnnotation])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bound []*v1.Pod
+	at := func(name string, gpu, slot int) *v1.Pod {
+		p := holder(t, node, name, "1g.5gb", slot, 1, false, "", 0)
+		raw, _ := api.EncodeMigReservations([]api.MigReservation{{GPUUUID: inv[gpu].ID, Profile: "1g.5gb", Placement: api.Placement{Start: slot, Size: 1}}})
+		p.Annotations[api.MigReservationsAnnotation] = raw
+		bound = append(bound, p)
+		return p
+	}
+	for slot := range 4 {
+		at("f"+string(rune('0'+slot)), 0, slot)
+	}
+	leaving := at("leaving", 0, 5)
+	leaving.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	at("g1", 1, 0)
+	e.snapshot.set(cache.NewSnapshot(bound, e.nodes))
+	info, _ := e.snapshot.NodeInfos().Get("n")
+	ni := info.(*framework.NodeInfo)
+
+	nominated := gpuPod("big", api.ModeMIG, [2]int{1, 19000})
+	nominated.Status.NominatedNodeName = "n"
+	c := gpuPod("c", api.ModeMIG, [2]int{1, 4000})
+	state := framework.NewCycleState()
+	if _, st, _ := e.fw.RunPreFilterPlugins(e.ctx, state, c); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	// kube-scheduler's addGENominatedPods, then the pass without them.
+	withNominated := ni.Snapshot().(*framework.NodeInfo)
+	withNominated.AddPod(nominated)
+	if st := e.fw.RunFilterPlugins(e.ctx, state.Clone(), c, withNominated); !st.IsSuccess() {
+		t.Fatalf("with the nominated pod: %v", st)
+	}
+	if st := e.fw.RunFilterPlugins(e.ctx, state, c, ni); !st.IsSuccess() {
+		t.Fatalf("without it: %v", st)
+	}
+	if st := e.fw.RunReservePluginsReserve(e.ctx, state, c, "n"); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	r, _ := e.pl.reservations.get(c.UID)
+	if a := r.result.Assignments[0]; a.GPUUUID != inv[1].ID {
+		t.Errorf("c reserved %s at %s of GPU %s: the room held for big is [4,8) of GPU %s", a.Profile, a.Placement, a.GPUUUID, inv[0].ID)
+	}
 }

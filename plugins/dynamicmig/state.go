@@ -36,6 +36,11 @@ type stateData struct {
 	// with the cycle's clones: kube-scheduler's batching filters the previous pod's node as a
 	// probe before the pod's own Filter calls, and preemption's dry runs filter again.
 	refused *sync.Map
+	// nominatedFits holds, per node, the fit found with the pods nominated there, shared with
+	// the cycle's clones: kube-scheduler filters a node with pods nominated on it twice, first
+	// with them (on a clone of the state), then without (on this state), and the fit kept
+	// must be the first, which leaves their room free (nominatedFit).
+	nominatedFits *sync.Map
 }
 
 // observeRefusal counts node's refusal of the pod, once per cycle.
@@ -56,6 +61,21 @@ const (
 	maxPresizedFits = 1024
 )
 
+// nominatedFit is the fit to keep for node: f, computed on a NodeInfo with the pods nominated
+// there when withNominated (remembered for the pass without them), else the fit the pass
+// with them found, if there was one: it fits without them too (they only add occupancy),
+// and a fit chosen without them could take the room their preemption or relocation freed.
+func (s *stateData) nominatedFit(node string, f *nodeFit, withNominated bool) *nodeFit {
+	if withNominated {
+		s.nominatedFits.Store(node, f)
+		return f
+	}
+	if v, ok := s.nominatedFits.Load(node); ok {
+		return v.(*nodeFit)
+	}
+	return f
+}
+
 // nodeFit is a pod's fit on one node and the occupancy it was computed against.
 // It may be shared by cycles (fitCache): nothing writes to it after Filter.
 type nodeFit struct {
@@ -72,7 +92,7 @@ func (s *stateData) Clone() fwk.StateData {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return &stateData{req: s.req, key: s.key, attempt: s.attempt, now: s.now, devices: s.devices, quota: s.quota,
-		fits: maps.Clone(s.fits), fitsRoom: s.fitsRoom, refused: s.refused}
+		fits: maps.Clone(s.fits), fitsRoom: s.fitsRoom, refused: s.refused, nominatedFits: s.nominatedFits}
 }
 
 func (s *stateData) setFit(node string, f *nodeFit) {
