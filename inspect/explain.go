@@ -32,6 +32,11 @@ type Verdict struct {
 	// FitsWithout is the smallest change that makes the pod fit: sets of pods (namespace/name)
 	// whose ending would each make room — single pods if any would, else pairs.
 	FitsWithout [][]string `json:"fitsWithout,omitempty"`
+	// Relocation, where the scheduler's args turn relocation on, are the relocatable pods
+	// (namespace/name) its PostFilter would evict to make room here: the smallest set on one
+	// GPU, each fitting on another node now (their disruption budgets and the relocation
+	// interval are the scheduler's to check).
+	Relocation []string `json:"relocation,omitempty"`
 	// Devices are the devices the pod would get, when it fits.
 	Devices []string `json:"devices,omitempty"`
 }
@@ -60,6 +65,9 @@ func Explain(pod *v1.Pod, nodes []v1.Node, pods []v1.Pod, leases []coordinationv
 	for _, c := range candidates {
 		j := policy.judge(pod, req, c, quotas)
 		j.GPUNode = c.gpuNode
+		if j.Layout != nil && policy.Args.Relocation.Enabled {
+			j.Relocation = policy.relocation(pod, req, c, candidates)
+		}
 		out = append(out, j.Verdict)
 	}
 	slices.SortStableFunc(out, func(a, b Verdict) int {

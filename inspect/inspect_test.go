@@ -2,6 +2,7 @@ package inspect
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
@@ -428,5 +430,69 @@ func TestParseNodes(t *testing.T) {
 	}
 	if _, err := ParseNodes([]string{"a=A100-40GB", "a=A100-40GB"}); err == nil || !strings.Contains(err.Error(), "described twice") {
 		t.Errorf("twice: %v", err)
+	}
+}
+
+// TestExplainRelocation: with the args' relocation on, explain names the relocatable pods the
+// scheduler's PostFilter would move to make room, the smallest set on one GPU, each fitting
+// on another node now; a bare pod, a pod without the annotation and one of higher priority
+// are never named, nor a set whose pods fit nowhere else; with relocation off, none.
+func TestExplainRelocation(t *testing.T) {
+	device := config.DefaultDeviceConfig()
+	nodes, leases := world(t, device, "frag=A100-40GB", "other=A100-40GB")
+	frag, other := gpuID(t, nodes[0], 0), gpuID(t, nodes[1], 0)
+	// asking gives a bound pod the request of a 1g.5gb pod.
+	asking := func(p v1.Pod) v1.Pod {
+		p.Spec.Containers = gpuPod(p.Name, api.ModeMIG, "4000", "").Spec.Containers
+		p.Annotations[api.VGPUModeAnnotation] = api.ModeMIG
+		return p
+	}
+	owned := func(p v1.Pod, relocatable bool, priority int32) v1.Pod {
+		p = asking(p)
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs-" + p.Name, UID: types.UID("uid-" + p.Name), Controller: ptr.To(true)}}
+		if relocatable {
+			p.Annotations[api.RelocatableAnnotation] = "true"
+		}
+		p.Spec.Priority = ptr.To(priority)
+		return p
+	}
+	// frag: 1g.5gb at slots 1 and 5 block both 3g.20gb placements; other: a 3g.20gb and a
+	// 2g.10gb leave room for a 1g.5gb only.
+	otherPods := []v1.Pod{bound(t, "o3", "other", rec(other, "3g.20gb", 0, 4)), bound(t, "o2", "other", rec(other, "2g.10gb", 4, 2))}
+	half := gpuPod("half", api.ModeMIG, "19000", "frag")
+	for _, tc := range []struct {
+		name string
+		a, b v1.Pod
+		full bool // other has no room left
+		off  bool
+		want []string
+	}{
+		{name: "one of two", a: owned(bound(t, "a", "frag", rec(frag, "1g.5gb", 1, 1)), true, 0), b: owned(bound(t, "b", "frag", rec(frag, "1g.5gb", 5, 1)), true, 0), want: []string{"default/b"}},
+		{name: "only the relocatable", a: owned(bound(t, "a", "frag", rec(frag, "1g.5gb", 1, 1)), true, 0), b: owned(bound(t, "b", "frag", rec(frag, "1g.5gb", 5, 1)), false, 0), want: []string{"default/a"}},
+		{name: "bare and higher priority", a: func() v1.Pod {
+			p := bound(t, "a", "frag", rec(frag, "1g.5gb", 1, 1))
+			p.Annotations[api.RelocatableAnnotation] = "true"
+			return p
+		}(), b: owned(bound(t, "b", "frag", rec(frag, "1g.5gb", 5, 1)), true, 10)},
+		{name: "nowhere else", a: owned(bound(t, "a", "frag", rec(frag, "1g.5gb", 1, 1)), true, 0), b: owned(bound(t, "b", "frag", rec(frag, "1g.5gb", 5, 1)), true, 0), full: true},
+		{name: "relocation off", a: owned(bound(t, "a", "frag", rec(frag, "1g.5gb", 1, 1)), true, 0), b: owned(bound(t, "b", "frag", rec(frag, "1g.5gb", 5, 1)), true, 0), off: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pods := append([]v1.Pod{tc.a, tc.b}, otherPods...)
+			if tc.full {
+				pods = append(pods, bound(t, "o1", "other", rec(other, "2g.10gb", 6, 2)))
+			}
+			pol := policy(t, device)
+			pol.Args.Relocation.Enabled = !tc.off
+			e, err := Explain(half, nodes, pods, leases, pol, testNow)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, v := range e.Nodes {
+				if v.Node == "frag" && !slices.Equal(v.Relocation, tc.want) {
+					t.Errorf("frag: relocation %v, want %v (%s: %s)", v.Relocation, tc.want, v.Reason, v.Layout)
+				}
+			}
+		})
 	}
 }

@@ -136,6 +136,8 @@ type candidate struct {
 // holder is one pod's hold on a node's GPUs.
 type holder struct {
 	pod string
+	// obj is a bound pod (nil for a simulated one).
+	obj *v1.Pod
 	// held is a bound pod's reservations, decoded once; assignments a simulated pod's.
 	held        placement.Held
 	assignments []placement.Assignment
@@ -173,7 +175,7 @@ func newCandidates(nodes []v1.Node, pods []v1.Pod, leases []coordinationv1.Lease
 			// As the scheduler words it: an unreadable reservation could hide an occupied placement.
 			c.broken = fmt.Sprintf("node %s: pod %s/%s: %v", c.Name, p.Namespace, p.Name, err)
 		case err == nil && found:
-			c.holders = append(c.holders, holder{pod: p.Namespace + "/" + p.Name, held: held})
+			c.holders = append(c.holders, holder{pod: p.Namespace + "/" + p.Name, obj: p, held: held})
 		}
 	}
 	return out
@@ -361,6 +363,57 @@ func (p *Policy) fitsWithout(req *request.Request, c *candidate) [][]string {
 		}
 	}
 	return out
+}
+
+// relocation is, with the args' relocation on, what DynamicMIG's PostFilter would move to
+// make room for pod on c: the smallest set of relocatable pods on one GPU (placement.Relocate,
+// request.Relocatable) each of whose GPU requests fits on another node now, one after the
+// other; nil when none. Disruption budgets and the relocation interval are not read here.
+func (p *Policy) relocation(pod *v1.Pod, req *request.Request, c *candidate, all []*candidate) []string {
+	gpus := c.gpus()
+	var movables []placement.Movable
+	byKey := map[string]*v1.Pod{}
+	for _, h := range c.holders {
+		if h.obj == nil || !request.Relocatable(h.obj, pod) {
+			continue
+		}
+		if m, ok := placement.MovableOf(h.pod, h.held.MIG, gpus); ok {
+			movables = append(movables, m)
+			byKey[h.pod] = h.obj
+		}
+	}
+	accept := func(moved []string) bool {
+		room := map[*candidate][]placement.GPU{}
+		for _, key := range moved {
+			q, err := p.parse(byKey[key])
+			if err != nil || q == nil {
+				return false
+			}
+			if !slices.ContainsFunc(all, func(o *candidate) bool {
+				if o == c || !o.preFiltered(q.Mode) || o.Heartbeat != "fresh" || o.Inventory != "" || o.broken != "" {
+					return false
+				}
+				g, ok := room[o]
+				if !ok {
+					g = o.gpus()
+					room[o] = g
+				}
+				res, refusal := placement.Fit(g, &q.Request, p.options())
+				if refusal == nil {
+					placement.AddAssignments(g, res.Assignments)
+				}
+				return refusal == nil
+			}) {
+				return false
+			}
+		}
+		return true
+	}
+	rel, ok := placement.Relocate(gpus, &req.Request, p.options(), movables, p.Args.Relocation.MaxPods, accept)
+	if !ok {
+		return nil
+	}
+	return rel.Moved
 }
 
 // maxPairHolders bounds the pair search (n² fits) to nodes a person can read about.

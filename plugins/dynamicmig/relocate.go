@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -143,15 +142,11 @@ func (pl *DynamicMIG) planRelocation(ctx context.Context, pod *v1.Pod, s *stateD
 	return best
 }
 
-// movable says whether q may be moved for pod, and what it holds: annotated relocatable,
-// owned by a controller, bound and not ending, of priority no higher than pod's, with every
-// MIG instance on one GPU of the node, and of a controller none of whose pods was relocated
-// within the interval.
+// movable says whether q may be moved for pod (request.Relocatable), and what it holds on
+// the node's GPUs (placement.MovableOf): only a pod of a controller none of whose pods was
+// relocated within the interval.
 func (pl *DynamicMIG) movable(q, pod *v1.Pod, gpus []placement.GPU, now time.Time) (placement.Movable, bool) {
-	owner := metav1.GetControllerOf(q)
-	if q.Annotations[api.RelocatableAnnotation] != "true" || owner == nil || q.UID == pod.UID || q.Spec.NodeName == "" ||
-		q.DeletionTimestamp != nil || q.Status.Phase == v1.PodSucceeded || q.Status.Phase == v1.PodFailed ||
-		corev1helpers.PodPriority(q) > corev1helpers.PodPriority(pod) || pl.relocated.recently(owner.UID, now, pl.args.Relocation.Interval.Duration) {
+	if !request.Relocatable(q, pod) || pl.relocated.recently(metav1.GetControllerOf(q).UID, now, pl.args.Relocation.Interval.Duration) {
 		return placement.Movable{}, false
 	}
 	raw, ok := q.Annotations[api.MigReservationsAnnotation]
@@ -159,19 +154,10 @@ func (pl *DynamicMIG) movable(q, pod *v1.Pod, gpus []placement.GPU, now time.Tim
 		return placement.Movable{}, false
 	}
 	recs, err := pl.reservations.decode(raw)
-	if err != nil || len(recs) == 0 {
+	if err != nil {
 		return placement.Movable{}, false
 	}
-	m := placement.Movable{Key: q.Namespace + "/" + q.Name, GPU: -1}
-	for _, r := range recs {
-		g := slices.IndexFunc(gpus, func(g placement.GPU) bool { return g.Info.ID == r.GPUUUID })
-		if g < 0 || (m.GPU >= 0 && g != m.GPU) {
-			return placement.Movable{}, false
-		}
-		m.GPU = g
-		m.Instances = append(m.Instances, placement.Instance{Profile: r.Profile, Placement: r.Placement})
-	}
-	return m, true
+	return placement.MovableOf(q.Namespace+"/"+q.Name, recs, gpus)
 }
 
 // budgetsAllow says whether the pods' disruption budgets allow evicting them all now; the

@@ -343,6 +343,9 @@ func writeExplain(w io.Writer, pod *v1.Pod, source string, e *inspect.Explanatio
 		default:
 			fmt.Fprintf(w, "  fits once both pods of one of these pairs end: %s\n", joinSets(v.FitsWithout))
 		}
+		if len(v.Relocation) > 0 {
+			fmt.Fprintf(w, "  relocation would move: %s\n", strings.Join(v.Relocation, ", "))
+		}
 	}
 	return nil
 }

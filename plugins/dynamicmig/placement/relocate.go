@@ -17,6 +17,21 @@ type Movable struct {
 	Instances []Instance
 }
 
+// MovableOf is a pod's Movable from its MIG reservations on the node's GPUs; false when it
+// holds none, or holds instances on more than one GPU or on a GPU the node does not list.
+func MovableOf(key string, recs []api.MigReservation, gpus []GPU) (Movable, bool) {
+	m := Movable{Key: key, GPU: -1}
+	for _, r := range recs {
+		g := gpuIndex(gpus, r.GPUUUID)
+		if g < 0 || (m.GPU >= 0 && g != m.GPU) {
+			return Movable{}, false
+		}
+		m.GPU = g
+		m.Instances = append(m.Instances, Instance{Profile: r.Profile, Placement: r.Placement})
+	}
+	return m, m.GPU >= 0
+}
+
 // Relocation is how a request fits on a node once some pods leave one of its GPUs.
 type Relocation struct {
 	GPU int

@@ -14,6 +14,8 @@ import (
 	"gopkg.in/inf.v0"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/config"
@@ -303,4 +305,15 @@ func ContainerIndex(p *v1.Pod, name string) (int, bool) {
 		}
 	}
 	return 0, false
+}
+
+// Relocatable says whether q may be moved (evicted, its controller making it again) to make
+// room for the pending pod, by what the pods themselves say: q is annotated
+// dynamig.io/relocatable "true", owned by a controller, bound and not ending, and of
+// priority no higher than the pending pod's. Disruption budgets, the relocation
+// interval and whether q fits elsewhere are the scheduler's to check.
+func Relocatable(q, pending *v1.Pod) bool {
+	return q.Annotations[api.RelocatableAnnotation] == "true" && metav1.GetControllerOf(q) != nil &&
+		q.Spec.NodeName != "" && q.DeletionTimestamp == nil && q.Status.Phase != v1.PodSucceeded && q.Status.Phase != v1.PodFailed &&
+		corev1helpers.PodPriority(q) <= corev1helpers.PodPriority(pending)
 }
