@@ -154,7 +154,7 @@ func TestParseTraceNamesLine(t *testing.T) {
 // placement that each policy's reservations are legal and disjoint.
 func TestSmoke(t *testing.T) {
 	rep, err := Run(Config{TraceDir: "testdata/traces", MaxPods: 300, FillGPUs: 16, Orders: 3,
-		QueueGPUs: []int{16}, QueueReplays: 2, QueuePods: 150, QueueLoad: 1,
+		QueueGPUs: []int{16}, QueueReplays: 2, QueuePods: 150, QueueLoad: 1, RelocatableShare: 0.5,
 		DropGPUs: 10, DropLoads: []float64{0.5, 2}, StaticGPUs: 8, StaticPods: 10, StaticWindows: 2, Check: true})
 	if err != nil {
 		t.Fatal(err)
@@ -174,6 +174,14 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	for _, p := range rep.Queue {
+		if len(p.Relocating) != 2 {
+			t.Errorf("queueing %s on %s: %d relocation replays, want 2", p.Workload, p.Cluster, len(p.Relocating))
+		}
+		for k, o := range p.Relocating {
+			if o.Placed+o.Unplaceable != p.Pods {
+				t.Errorf("queueing %s on %s, relocating, replay %d: %+v of %d pods", p.Workload, p.Cluster, k, o, p.Pods)
+			}
+		}
 		for pi, runs := range p.Runs {
 			for k, o := range runs {
 				if o.Placed+o.Unplaceable != p.Pods || o.P95Wait < 0 || len(o.P95BySize) == 0 {
@@ -204,7 +212,7 @@ func TestSmoke(t *testing.T) {
 	var md, svg strings.Builder
 	rep.WriteMarkdown(&md, Machine{Cores: 1, CPU: "test", Command: "test", At: "now"})
 	rep.WriteSVG(&svg)
-	for _, want := range []string{"Weng et al.", "## What holds", "## Inflation fill", "## Queueing replay", "## Static fill vs optimal", "## Secondary: drop-on-arrival replay", "hami-main", "per-GPU packing bound"} {
+	for _, want := range []string{"Weng et al.", "## What holds", "## Inflation fill", "## Queueing replay", "## Static fill vs optimal", "## Secondary: drop-on-arrival replay", "hami-main", "per-GPU packing bound", "Relocation: the same replays"} {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("report has no %q", want)
 		}
@@ -379,4 +387,45 @@ func TestByChance(t *testing.T) {
 	if _, e := byChance(cs, 2); math.Abs(e-2*0.0383) > 0.001 {
 		t.Errorf("k=2: %.4f expected; want 0.0766", e)
 	}
+}
+
+// TestQueueReplayRelocating: relocation's replay keeps the state consistent through every
+// relocation (check), moves only relocatable single-device pods, each once, and with no
+// relocatable pod is the plain replay.
+func TestQueueReplayRelocating(t *testing.T) {
+	c := cluster(t, "A100-40GB", 16, false)
+	w := &Workload{Name: "inference", Mix: InferenceMix}
+	jobs, err := w.Jobs(c, 1.0, 400, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, unit := w.TimeUnit()
+	plain, err := QueueReplay(c, Dynamig{FragmentationAware: true}, jobs, unit, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	none, err := QueueReplayRelocating(c, jobs, unit, 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if none.Relocated != 0 || none.MeanWait != plain.MeanWait || none.Placed != plain.Placed {
+		t.Errorf("no relocatable pod: %+v, want the plain replay's %+v", none, plain)
+	}
+	half, err := QueueReplayRelocating(c, jobs, unit, 0.5, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if half.Relocated == 0 || half.Placed != plain.Placed || half.RelocatedPerUnit <= 0 {
+		t.Errorf("half relocatable: %d relocated, %d placed (%d plain), %v per unit", half.Relocated, half.Placed, plain.Placed, half.RelocatedPerUnit)
+	}
+	relocatables := 0
+	for k, j := range jobs {
+		if relocatable(k, 0.5) && j.Demand.Devices == 1 {
+			relocatables++
+		}
+	}
+	if half.Relocated > relocatables {
+		t.Errorf("%d relocations of %d relocatable pods: one was moved twice", half.Relocated, relocatables)
+	}
+	t.Logf("mean wait %.3f → %.3f, utilisation while pending (arrivals) %.3f → %.3f, %d pods relocated", plain.MeanWait, half.MeanWait, plain.UtilArrivals, half.UtilArrivals, half.Relocated)
 }

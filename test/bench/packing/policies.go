@@ -30,12 +30,27 @@ func (p Dynamig) Name() string {
 	return "dynamig-no-frag"
 }
 
-func (p Dynamig) Place(st *State, d Demand) []Alloc {
-	opts := placement.Options{MIGPolicy: api.PolicyBinpack, HAMiCorePolicy: api.PolicySpread, FragmentationAware: p.FragmentationAware}
-	req := &placement.Request{Mode: api.ModeMIG, Containers: []placement.ContainerRequest{{Devices: d.Devices, MemoryMiB: d.MemoryMiB}}}
+func (p Dynamig) Place(st *State, d Demand) []Alloc { return p.placeExcept(st, d, -1) }
+
+// options are the allocator's options of the policy.
+func (p Dynamig) options() placement.Options {
+	return placement.Options{MIGPolicy: api.PolicyBinpack, HAMiCorePolicy: api.PolicySpread, FragmentationAware: p.FragmentationAware}
+}
+
+// request is a demand as the allocator reads it.
+func request(d Demand) *placement.Request {
+	return &placement.Request{Mode: api.ModeMIG, Containers: []placement.ContainerRequest{{Devices: d.Devices, MemoryMiB: d.MemoryMiB}}}
+}
+
+// placeExcept is Place on every node but skip.
+func (p Dynamig) placeExcept(st *State, d Demand, skip int) []Alloc {
+	opts, req := p.options(), request(d)
 	best, bestScore := -1, int64(0)
 	var bestRes *placement.Result
 	for n, gpus := range st.Nodes {
+		if n == skip {
+			continue
+		}
 		res, why := placement.Fit(gpus, req, opts)
 		if why != nil {
 			continue

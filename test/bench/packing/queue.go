@@ -3,10 +3,16 @@ package packing
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
+
+	"github.com/dynamig/dynamig/config"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
+
 
 // Queueing replay: a pod that does not fit waits. After every departure the pending pods
 // are retried in arrival order, a pod that does not fit not blocking later ones; an
@@ -30,6 +36,10 @@ type QueueOutcome struct {
 	P95BySize         map[string]float64
 	// Placed counts pods; Unplaceable pods no empty node holds are left out.
 	Placed, Unplaceable int
+	// Relocated counts the pods relocation moved (QueueReplayRelocating), RelocatedPerUnit
+	// them per unit of time of the whole replay.
+	Relocated        int
+	RelocatedPerUnit float64
 }
 
 // SizeLabel names a demand's size: its smallest profile's slice prefix ("1g", "3g"), with
@@ -50,6 +60,27 @@ func (c *Cluster) SizeLabel(d Demand) string {
 // they fit; waits are reported in units of unit (the jobs' time). With check, the whole
 // state is verified after every placement.
 func QueueReplay(c *Cluster, p Policy, jobs []Job, unit float64, check bool) (QueueOutcome, error) {
+	return queueReplay(c, p, jobs, unit, check, 0)
+}
+
+// QueueReplayRelocating is QueueReplay of dynamig with relocation on and a share of the
+// single-device jobs relocatable (chosen by a hash of their index, so the same jobs in every
+// replay of a set): a pod that does not fit takes the room of the smallest set of relocatable
+// pods on one GPU that each fit on another node now (placement.Relocate, as DynamicMIG's
+// PostFilter does), which are placed again at once, keeping their departure times; each is
+// relocated at most once (the scheduler's interval, longer than any wait here).
+func QueueReplayRelocating(c *Cluster, jobs []Job, unit, share float64, check bool) (QueueOutcome, error) {
+	return queueReplay(c, Dynamig{FragmentationAware: true}, jobs, unit, check, share)
+}
+
+// relocatable says whether job k is one of the share of relocatable jobs.
+func relocatable(k int, share float64) bool {
+	return float64(uint32(k)*2654435761%1000) < share*1000
+}
+
+// queueReplay is QueueReplay, relocating with a share of relocatable jobs > 0 (p is then
+// Dynamig).
+func queueReplay(c *Cluster, p Policy, jobs []Job, unit float64, check bool, share float64) (QueueOutcome, error) {
 	out := QueueOutcome{P95BySize: map[string]float64{}}
 	var order []int
 	for i, j := range jobs {
@@ -92,9 +123,80 @@ func QueueReplay(c *Cluster, p Policy, jobs []Job, unit float64, check bool) (Qu
 		}
 		now = max(now, t)
 	}
+	moved := map[int]bool{}
+	// relocate places job i by relocating (share > 0), as placement.Relocate chooses on the
+	// first node with the fewest pods to move, and places the moved jobs again.
+	relocate := func(i int) []Alloc {
+		dyn := p.(Dynamig)
+		placed := slices.Sorted(maps.Keys(allocs))
+		var best *placement.Relocation
+		bestNode := -1
+		for n := range st.Nodes {
+			var movables []placement.Movable
+			for _, k := range placed {
+				as := allocs[k]
+				if moved[k] || !relocatable(k, share) || len(as) != 1 || as[0].Node != n {
+					continue
+				}
+				movables = append(movables, placement.Movable{Key: strconv.Itoa(k), GPU: as[0].GPU,
+					Instances: []placement.Instance{{Profile: as[0].Profile, Placement: as[0].Placement}}})
+			}
+			maxPods := config.DefaultRelocationMaxPods
+			if best != nil {
+				maxPods = len(best.Moved) - 1
+			}
+			accept := func(keys []string) bool {
+				other := st.clone()
+				for _, key := range keys {
+					k, _ := strconv.Atoi(key)
+					other.Release(allocs[k])
+				}
+				for _, key := range keys {
+					k, _ := strconv.Atoi(key)
+					as := dyn.placeExcept(other, jobs[k].Demand, n)
+					if as == nil {
+						return false
+					}
+					other.Apply(as)
+				}
+				return true
+			}
+			if rel, ok := placement.Relocate(st.Nodes[n], request(jobs[i].Demand), dyn.options(), movables, maxPods, accept); ok {
+				best, bestNode = rel, n
+			}
+		}
+		if best == nil {
+			return nil
+		}
+		var keys []int
+		for _, key := range best.Moved {
+			k, _ := strconv.Atoi(key)
+			keys = append(keys, k)
+			st.Release(allocs[k])
+			used -= c.slotsOf(jobs[k].Demand)
+		}
+		fit := make([]Alloc, len(best.Result.Assignments))
+		for x, a := range best.Result.Assignments {
+			fit[x] = Alloc{Node: bestNode, GPU: a.GPU, Profile: a.Profile, Placement: a.Placement}
+		}
+		st.Apply(fit) // the moved pods are placed again around it
+		for _, k := range keys {
+			as := dyn.Place(st, jobs[k].Demand) // accept found room elsewhere, which the pod's fit leaves
+			st.Apply(as)
+			allocs[k] = as
+			used += c.slotsOf(jobs[k].Demand)
+			moved[k] = true
+		}
+		st.Release(fit) // try applies it
+		out.Relocated += len(keys)
+		return fit
+	}
 	try := func(i int) (bool, error) {
 		j := jobs[i]
 		as := p.Place(st, j.Demand)
+		if as == nil && share > 0 {
+			as = relocate(i)
+		}
 		if as == nil {
 			return false, nil
 		}
@@ -183,6 +285,9 @@ func QueueReplay(c *Cluster, p Policy, jobs []Job, unit float64, check bool) (Qu
 		out.UtilDrain = busyDrain / (capacity * timeDrain)
 	}
 	out.DrainTime = timeDrain / unit
+	if now > 0 {
+		out.RelocatedPerUnit = float64(out.Relocated) / (now / unit)
+	}
 	for _, w := range allWaits {
 		out.MeanWait += w
 	}

@@ -448,7 +448,28 @@ func (r *Report) writeQueue(w io.Writer) {
 		writeMeans(w, r.Policies, p.Runs, figs)
 		fmt.Fprintf(w, "\nPaired, dynamig − baseline ± standard error (wins/ties/losses; utilisation in percentage points, higher is better; waits, lower is better):\n\n")
 		writePaired(w, r.Policies, p.Runs, queueFigures)
+		if p.Relocating != nil {
+			r.writeRelocation(w, p)
+		}
 	}
+}
+
+// relocationFigures are the queueing figures with what relocation cost.
+var relocationFigures = append(slices.Clone(queueFigures),
+	figure[QueueOutcome]{"pods relocated per 100 placed", func(o QueueOutcome) float64 { return 100 * float64(o.Relocated) / float64(o.Placed) }, false, false},
+	figure[QueueOutcome]{"relocations per unit of time", func(o QueueOutcome) float64 { return o.RelocatedPerUnit }, false, false},
+)
+
+// writeRelocation writes the panel's relocation variant beside dynamig and the baselines, on
+// the same replays: means, then paired differences.
+func (r *Report) writeRelocation(w io.Writer, p QueuePanel) {
+	name := fmt.Sprintf("dynamig, relocation on (%.0f %% relocatable)", 100*r.Config.RelocatableShare)
+	names := append([]string{name}, r.Policies...)
+	runs := append([][]QueueOutcome{p.Relocating}, p.Runs...)
+	fmt.Fprintf(w, "\nRelocation: the same replays through dynamig with relocation on, %.0f %% of the pods relocatable (chosen by their index, the same in every replay): a pod that does not fit takes the room of the smallest set of relocatable pods on one GPU that each fit on another node now (`placement.Relocate`, as DynamicMIG's PostFilter chooses), which are placed again at once keeping their departure times (a restart costs them nothing here), each at most once; relocations per unit of time are per %s of the whole replay.\n\n", 100*r.Config.RelocatableShare, p.TimeUnit)
+	writeMeans(w, names, runs, relocationFigures)
+	fmt.Fprintf(w, "\nPaired, relocation − each ± standard error (wins/ties/losses):\n\n")
+	writePaired(w, names, runs, queueFigures)
 }
 
 // compareSizeLabels orders "1g" < "2g" < … < "2×7g" < "4×7g".

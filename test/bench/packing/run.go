@@ -24,6 +24,9 @@ type Config struct {
 	QueueGPUs               []int
 	QueueReplays, QueuePods int
 	QueueLoad               float64
+	// RelocatableShare is the share of pods relocatable in the queueing replay's relocation
+	// variant (QueueReplayRelocating); 0: none run.
+	RelocatableShare float64
 	// DropGPUs and DropLoads size the secondary drop-on-arrival replay (0 GPUs: none).
 	DropGPUs  int
 	DropLoads []float64
@@ -69,6 +72,8 @@ type QueuePanel struct {
 	TimeUnit string
 	// Runs[policy][replay].
 	Runs [][]QueueOutcome
+	// Relocating[replay] is dynamig with relocation on the same replays (RelocatableShare).
+	Relocating []QueueOutcome
 }
 
 // Panel is the drop-on-arrival replay of one workload on one cluster: an outcome per
@@ -198,6 +203,21 @@ func Run(cfg Config) (*Report, error) {
 						return nil, err
 					}
 					panel.Pods = len(jobs)
+					if share := cfg.RelocatableShare; share > 0 {
+						if panel.Relocating == nil {
+							panel.Relocating = make([]QueueOutcome, cfg.QueueReplays)
+						}
+						g.Go(func() error {
+							say(fmt.Sprintf("queueing replay %d of %s on %d × %s, dynamig relocating", replay, w.Name, c.GPUs(), c.Label()))
+							_, unit := w.TimeUnit()
+							o, err := QueueReplayRelocating(c, jobs, unit, share, cfg.Check)
+							if err != nil {
+								return fmt.Errorf("queueing replay %d of %s on %s, relocating: %w", replay, w.Name, c.Label(), err)
+							}
+							panel.Relocating[replay] = o
+							return nil
+						})
+					}
 					for pi, p := range policies {
 						g.Go(func() error {
 							say(fmt.Sprintf("queueing replay %d of %s on %d × %s, %s", replay, w.Name, c.GPUs(), c.Label(), p.Name()))

@@ -26,6 +26,7 @@ func main() {
 	replays := flag.Int("replays", 10, "replays (jittered; generated mixes: seeds) per queueing panel")
 	queuePods := flag.Int("queue-pods", 4000, "pods of a generated mix per queueing replay")
 	queueLoad := flag.Float64("queue-load", 1, "offered load of the queueing replay")
+	relocatable := flag.Float64("relocatable", 0.5, "share of the pods relocatable in the queueing replay's relocation variant (0: none run)")
 	dropGPUs := flag.Int("drop-gpus", 64, "GPUs of the secondary drop-on-arrival replay (0: none)")
 	staticGPUs := flag.Int("static-gpus", 8, "GPUs of the static fill's node")
 	staticPods := flag.Int("static-pods", 64, "most pods per static-fill window")
@@ -43,7 +44,7 @@ func main() {
 	start := time.Now()
 	cfg := packing.Config{
 		TraceDir: *traces, FillGPUs: *fillGPUs, Orders: *orders,
-		QueueGPUs: sizes, QueueReplays: *replays, QueuePods: *queuePods, QueueLoad: *queueLoad,
+		QueueGPUs: sizes, QueueReplays: *replays, QueuePods: *queuePods, QueueLoad: *queueLoad, RelocatableShare: *relocatable,
 		DropGPUs: *dropGPUs, DropLoads: []float64{0.25, 0.5, 1, 2},
 		StaticGPUs: *staticGPUs, StaticPods: *staticPods, StaticWindows: *staticWindows,
 		Progress: func(s string) { fmt.Fprintf(os.Stderr, "%6.1fs %s\n", time.Since(start).Seconds(), s) },
