@@ -13,7 +13,6 @@ import (
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 )
 
-
 // Queueing replay: a pod that does not fit waits. After every departure the pending pods
 // are retried in arrival order, a pod that does not fit not blocking later ones; an
 // arrival is tried at once (nothing was freed since the last retry). What it measures is
