@@ -61,25 +61,17 @@ func Relocate(gpus []GPU, req *Request, opts Options, movables []Movable, maxPod
 	for size := 1; size <= maxPods; size++ {
 		var found []candidate
 		for g, ms := range byGPU {
-			if size > len(ms) {
-				continue
+			if size > len(ms) || !fitsWithout(gpus, g, ms, all(len(ms)), req, opts) {
+				continue // not even all of them leaving would do: no subset will
 			}
 			forEachSubset(len(ms), size, func(idx []int) {
-				without := slices.Clone(gpus)
-				var moved []string
-				freed := 0
-				gone := map[Instance]bool{}
-				for _, i := range idx {
-					moved = append(moved, ms[i].Key)
-					for _, in := range ms[i].Instances {
-						gone[in] = true
-						freed += in.Placement.Size
-					}
+				res, freed, ok := fitWithout(gpus, g, ms, idx, req, opts)
+				if !ok {
+					return
 				}
-				without[g].MIG = slices.DeleteFunc(slices.Clone(gpus[g].MIG), func(in Instance) bool { return gone[in] })
-				res, refusal := Fit(without, req, opts)
-				if refusal != nil || !slices.ContainsFunc(res.Assignments, func(a Assignment) bool { return a.GPU == g }) {
-					return // it does not fit, or fits without the room they leave
+				moved := make([]string, len(idx))
+				for k, i := range idx {
+					moved[k] = ms[i].Key
 				}
 				found = append(found, candidate{Relocation{GPU: g, Moved: moved, Result: res}, freed})
 			})
@@ -94,6 +86,41 @@ func Relocate(gpus []GPU, req *Request, opts Options, movables []Movable, maxPod
 		}
 	}
 	return nil, false
+}
+
+// fitWithout fits req on the node with the movables ms[idx] gone from GPU g, and says how
+// many slots they free; false when it does not fit, or fits without the room they leave.
+func fitWithout(gpus []GPU, g int, ms []Movable, idx []int, req *Request, opts Options) (*Result, int, bool) {
+	gone := map[Instance]bool{}
+	freed := 0
+	for _, i := range idx {
+		for _, in := range ms[i].Instances {
+			gone[in] = true
+			freed += in.Placement.Size
+		}
+	}
+	without := slices.Clone(gpus)
+	without[g].MIG = slices.DeleteFunc(slices.Clone(gpus[g].MIG), func(in Instance) bool { return gone[in] })
+	res, refusal := Fit(without, req, opts)
+	if refusal != nil || !slices.ContainsFunc(res.Assignments, func(a Assignment) bool { return a.GPU == g }) {
+		return nil, 0, false
+	}
+	return res, freed, true
+}
+
+// fitsWithout says whether fitWithout fits.
+func fitsWithout(gpus []GPU, g int, ms []Movable, idx []int, req *Request, opts Options) bool {
+	_, _, ok := fitWithout(gpus, g, ms, idx, req, opts)
+	return ok
+}
+
+// all is 0..n-1.
+func all(n int) []int {
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	return idx
 }
 
 // forEachSubset calls f with every k-subset of 0..n-1, in lexicographic order.
