@@ -122,6 +122,26 @@ func queueReplay(c *Cluster, p Policy, jobs []Job, unit float64, check bool, sha
 		}
 		now = max(now, t)
 	}
+	// version counts each node's changes: a relocation that found no set at all on a node
+	// (accept never asked) finds none again for the same demand until the node changes.
+	version := make([]int, len(st.Nodes))
+	apply := func(as []Alloc) {
+		st.Apply(as)
+		for _, a := range as {
+			version[a.Node]++
+		}
+	}
+	release := func(as []Alloc) {
+		st.Release(as)
+		for _, a := range as {
+			version[a.Node]++
+		}
+	}
+	type noSet struct {
+		node, version int
+		demand        Demand
+	}
+	hopeless := map[noSet]bool{}
 	moved := map[int]bool{}
 	// relocate places job i by relocating (share > 0), as placement.Relocate chooses on the
 	// first node with the fewest pods to move, and places the moved jobs again.
@@ -131,6 +151,10 @@ func queueReplay(c *Cluster, p Policy, jobs []Job, unit float64, check bool, sha
 		var best *placement.Relocation
 		bestNode := -1
 		for n := range st.Nodes {
+			key := noSet{n, version[n], jobs[i].Demand}
+			if hopeless[key] {
+				continue
+			}
 			var movables []placement.Movable
 			for _, k := range placed {
 				as := allocs[k]
@@ -144,7 +168,9 @@ func queueReplay(c *Cluster, p Policy, jobs []Job, unit float64, check bool, sha
 			if best != nil {
 				maxPods = len(best.Moved) - 1
 			}
+			asked := false
 			accept := func(keys []string) bool {
+				asked = true
 				other := st.clone()
 				for _, key := range keys {
 					k, _ := strconv.Atoi(key)
@@ -160,8 +186,12 @@ func queueReplay(c *Cluster, p Policy, jobs []Job, unit float64, check bool, sha
 				}
 				return true
 			}
-			if rel, ok := placement.Relocate(st.Nodes[n], request(jobs[i].Demand), dyn.options(), movables, maxPods, accept); ok {
+			rel, ok := placement.Relocate(st.Nodes[n], request(jobs[i].Demand), dyn.options(), movables, maxPods, accept)
+			switch {
+			case ok:
 				best, bestNode = rel, n
+			case !asked && maxPods == config.DefaultRelocationMaxPods:
+				hopeless[key] = true
 			}
 		}
 		if best == nil {
@@ -171,22 +201,22 @@ func queueReplay(c *Cluster, p Policy, jobs []Job, unit float64, check bool, sha
 		for _, key := range best.Moved {
 			k, _ := strconv.Atoi(key)
 			keys = append(keys, k)
-			st.Release(allocs[k])
+			release(allocs[k])
 			used -= c.slotsOf(jobs[k].Demand)
 		}
 		fit := make([]Alloc, len(best.Result.Assignments))
 		for x, a := range best.Result.Assignments {
 			fit[x] = Alloc{Node: bestNode, GPU: a.GPU, Profile: a.Profile, Placement: a.Placement}
 		}
-		st.Apply(fit) // the moved pods are placed again around it
+		apply(fit) // the moved pods are placed again around it
 		for _, k := range keys {
 			as := dyn.Place(st, jobs[k].Demand) // accept found room elsewhere, which the pod's fit leaves
-			st.Apply(as)
+			apply(as)
 			allocs[k] = as
 			used += c.slotsOf(jobs[k].Demand)
 			moved[k] = true
 		}
-		st.Release(fit) // try applies it
+		release(fit) // try applies it
 		out.Relocated += len(keys)
 		return fit
 	}
@@ -202,7 +232,7 @@ func queueReplay(c *Cluster, p Policy, jobs []Job, unit float64, check bool, sha
 		if len(as) != j.Demand.Devices {
 			return false, fmt.Errorf("%s placed %d devices of %d", p.Name(), len(as), j.Demand.Devices)
 		}
-		st.Apply(as)
+		apply(as)
 		if check {
 			if err := st.Check(); err != nil {
 				return false, fmt.Errorf("%s, job %d %+v: %w", p.Name(), i, j.Demand, err)
@@ -250,7 +280,7 @@ func queueReplay(c *Cluster, p Policy, jobs []Job, unit float64, check bool, sha
 			d := departures[0]
 			departures = departures[1:]
 			advance(d.t)
-			st.Release(allocs[d.job])
+			release(allocs[d.job])
 			used -= c.slotsOf(jobs[d.job].Demand)
 			delete(allocs, d.job)
 			if err := retry(); err != nil {
