@@ -12,6 +12,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -119,6 +120,7 @@ func newEnvOf(t testing.TB, args *config.DynamicMIGArgs, nodes []*v1.Node, befor
 	e := &env{t: t, ctx: ctx, client: fake.NewClientset(objs...), args: args, events: events.NewFakeRecorder(1000),
 		snapshot: &swappableSnapshot{Snapshot: cache.NewEmptySnapshot()}, nodes: nodes, activator: &recordingActivator{}}
 	e.client.PrependReactor("create", "pods", e.bindReactor)
+	e.client.PrependReactor("create", "pods", evictionReactor)
 	factory := informers.NewSharedInformerFactory(e.client, 0)
 	var pl *DynamicMIG
 	newPlugin := func(ctx context.Context, _ runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
@@ -174,6 +176,27 @@ func (e *env) bindReactor(action clienttesting.Action) (bool, runtime.Object, er
 		pod.Annotations[k] = v
 	}
 	return true, b, e.client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), pod, pod.Namespace)
+}
+
+// evictionReactor answers an Eviction as the API server does when the pod's disruption
+// budgets allow it (the fake clientset's tracker has no eviction subresource). Registered
+// before the plugin starts: reactors are not to be added while its goroutines use the client.
+func evictionReactor(action clienttesting.Action) (bool, runtime.Object, error) {
+	if action.GetSubresource() != "eviction" {
+		return false, nil, nil
+	}
+	return true, nil, nil
+}
+
+// evictions are the names of the pods evicted through the client so far.
+func (e *env) evictions() []string {
+	var names []string
+	for _, a := range e.client.Actions() {
+		if c, ok := a.(clienttesting.CreateAction); ok && a.GetSubresource() == "eviction" {
+			names = append(names, c.GetObject().(*policyv1.Eviction).Name)
+		}
+	}
+	return names
 }
 
 // pods lists the stored pods.

@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	clienttesting "k8s.io/client-go/testing"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
@@ -55,25 +54,13 @@ func holder(t *testing.T, node *v1.Node, name, profile string, start, size int, 
 // relocationWorld: node n's A100-40GB holds 1g.5gb pods a (slot 1) and b (slot 5), which
 // block both 3g.20gb placements; node m's holds a 3g.20gb and a 2g.10gb, immovable, so one
 // 1g.5gb fits there (slot 6) and no 3g.20gb. A 3g.20gb pod fits only if a or b moves.
-type relocationWorld struct {
-	*env
-	evicted []string
-}
+type relocationWorld struct{ *env }
 
 func newRelocationWorld(t *testing.T, args *config.DynamicMIGArgs, a, b *v1.Pod, objs ...runtime.Object) *relocationWorld {
 	t.Helper()
 	n, m := gpuNode(t, "n", api.ModeMIG, "A100-40GB"), gpuNode(t, "m", api.ModeMIG, "A100-40GB")
 	objs = append(objs, a, b, holder(t, m, "m3g", "3g.20gb", 0, 4, false, "", 0), holder(t, m, "m2g", "2g.10gb", 4, 2, false, "", 0))
-	w := &relocationWorld{env: newEnv(t, args, []*v1.Node{n, m}, objs...)}
-	w.client.PrependReactor("create", "pods", func(action clienttesting.Action) (bool, runtime.Object, error) {
-		if action.GetSubresource() != "eviction" {
-			return false, nil, nil
-		}
-		ev := action.(clienttesting.CreateAction).GetObject().(*policyv1.Eviction)
-		w.evicted = append(w.evicted, ev.Name)
-		return true, ev, w.client.Tracker().Delete(v1.SchemeGroupVersion.WithResource("pods"), ev.Namespace, ev.Name)
-	})
-	return w
+	return &relocationWorld{env: newEnv(t, args, []*v1.Node{n, m}, objs...)}
 }
 
 // postFilter runs a cycle of a 3g.20gb pod of priority, which fits nowhere, then
@@ -126,8 +113,8 @@ func TestRelocation(t *testing.T) {
 			t.Fatalf("PostFilter: %v, %+v; want p nominated to n", st, res)
 		}
 		// Either frees a 3g.20gb placement; b's [4,8) leaves the least fragmentation.
-		if !slices.Equal(w.evicted, []string{"b"}) {
-			t.Errorf("evicted %v, want [b]", w.evicted)
+		if got := w.evictions(); !slices.Equal(got, []string{"b"}) {
+			t.Errorf("evicted %v, want [b]", got)
 		}
 		// The Relocating event on p, the Relocated one on b.
 		var got []string
@@ -149,9 +136,8 @@ func TestRelocation(t *testing.T) {
 		if _, err := w.client.CoreV1().Pods("default").Create(w.ctx, b2, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		w.evicted = nil
-		if _, st := w.postFilter("q", 0); !st.IsSuccess() || !slices.Equal(w.evicted, []string{"a"}) {
-			t.Errorf("a second relocation: %v, evicted %v; want a (b2's controller was relocated within the interval)", st, w.evicted)
+		if _, st := w.postFilter("q", 0); !st.IsSuccess() || !slices.Equal(w.evictions(), []string{"b", "a"}) {
+			t.Errorf("a second relocation: %v, evicted %v; want a after b (b2's controller was relocated within the interval)", st, w.evictions())
 		}
 	})
 
@@ -178,8 +164,8 @@ func TestRelocation(t *testing.T) {
 				})
 			}
 			res, st := w.postFilter("p", tc.priority)
-			if st.IsSuccess() || res != nil || len(w.evicted) > 0 {
-				t.Errorf("PostFilter: %v, %+v, evicted %v; want no relocation", st, res, w.evicted)
+			if st.IsSuccess() || res != nil || len(w.evictions()) > 0 {
+				t.Errorf("PostFilter: %v, %+v, evicted %v; want no relocation", st, res, w.evictions())
 			}
 			if tc.name == "relocation off" && len(st.Reasons()) > 0 {
 				t.Errorf("reasons %q: none where relocation is off (kube-scheduler adds them to every FailedScheduling message)", st.Reasons())
