@@ -123,7 +123,7 @@ func TestFailSafe(t *testing.T) {
 		w.WaitFor("the container restarted on its instance", 120*time.Second, func() (bool, string) {
 			p := w.Get("signed-old")
 			ok := len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount > 0 && p.Status.ContainerStatuses[0].State.Running != nil
-			return ok, fmt.Sprint(p.Status.ContainerStatuses, w.lastEvent(p))
+			return ok, fmt.Sprint(p.Status.ContainerStatuses, w.LastEvent(p))
 		})
 		if again := w.running("signed-old", 10*time.Second); again.MigUUID != r.MigUUID {
 			t.Errorf("after the restart: %s, want %s", again.MigUUID, r.MigUUID)
@@ -135,7 +135,7 @@ func TestFailSafe(t *testing.T) {
 			p := w.Get("signed-old")
 			recs, err := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
 			ok := err == nil && len(recs) == 1 && recs[0].Realized() && recs[0].MigUUID != r.MigUUID && recs[0].Placement == r.Placement && p.Status.Phase == v1.PodRunning
-			return ok, fmt.Sprint(recs, err, p.Status.Phase, w.lastEvent(p))
+			return ok, fmt.Sprint(recs, err, p.Status.Phase, w.LastEvent(p))
 		})
 		if p := w.Get("signed-old"); p.DeletionTimestamp != nil || p.Annotations[api.BindPhaseAnnotation] == api.BindPhaseFailed || signatureKey(t, p) != oldID {
 			t.Fatalf("the old-key pod was given up: %v", p.Annotations)

@@ -76,7 +76,7 @@ func (w *world) running(name string, timeout time.Duration) api.MigReservation {
 					devices = fmt.Sprintf(" (%s allocatable %s: %s)", node, api.ResourceCount, q.String())
 				}
 			}
-			return false, fmt.Sprintf("%s is %s: %s%s", name, p.Status.Phase, w.lastEvent(p), devices)
+			return false, fmt.Sprintf("%s is %s: %s%s", name, p.Status.Phase, w.LastEvent(p), devices)
 		}
 		recs, err := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
 		if err != nil || len(recs) != 1 || !recs[0].Realized() {
@@ -86,21 +86,6 @@ func (w *world) running(name string, timeout time.Duration) api.MigReservation {
 		return true, ""
 	})
 	return out
-}
-
-func (w *world) lastEvent(p *v1.Pod) string {
-	evs, err := w.C.CoreV1().Events(p.Namespace).List(w.Ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name})
-	if err != nil || len(evs.Items) == 0 {
-		return "no events"
-	}
-	e := evs.Items[len(evs.Items)-1]
-	at := e.LastTimestamp.Time
-	if e.Series != nil {
-		at = e.Series.LastObservedTime.Time
-	} else if at.IsZero() {
-		at = e.EventTime.Time
-	}
-	return fmt.Sprintf("%s %v ago: %s", e.Reason, time.Since(at).Round(time.Second), e.Message)
 }
 
 // event waits for an event of that reason on the pod whose message contains what.

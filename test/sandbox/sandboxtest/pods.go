@@ -45,7 +45,7 @@ func (w *World) Running(names ...string) map[string][]api.MigReservation {
 				return false, err.Error()
 			}
 			if p.Status.Phase != v1.PodRunning {
-				return false, fmt.Sprintf("%s is %s: %s", n, p.Status.Phase, w.lastEvent(p))
+				return false, fmt.Sprintf("%s is %s: %s", n, p.Status.Phase, w.LastEvent(p))
 			}
 			if raw, ok := p.Annotations[api.MigReservationsAnnotation]; ok {
 				recs, err := api.DecodeMigReservations(raw)
@@ -85,14 +85,20 @@ func (w *World) Pending(name string) string {
 	return msg
 }
 
-// lastEvent is the pod's newest event, "reason: message".
-func (w *World) lastEvent(p *v1.Pod) string {
+// LastEvent is the pod's newest event: "reason <how long> ago: message".
+func (w *World) LastEvent(p *v1.Pod) string {
 	evs, err := w.C.CoreV1().Events(p.Namespace).List(w.Ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name})
 	if err != nil || len(evs.Items) == 0 {
 		return "no events"
 	}
 	e := evs.Items[len(evs.Items)-1]
-	return e.Reason + ": " + e.Message
+	at := e.LastTimestamp.Time
+	if e.Series != nil {
+		at = e.Series.LastObservedTime.Time
+	} else if at.IsZero() {
+		at = e.EventTime.Time
+	}
+	return fmt.Sprintf("%s %v ago: %s", e.Reason, time.Since(at).Round(time.Second), e.Message)
 }
 
 // Instances is the simulated NVML state of a node, by pod name.
