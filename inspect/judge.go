@@ -383,31 +383,21 @@ func (p *Policy) relocation(pod *v1.Pod, req *request.Request, c *candidate, all
 		}
 	}
 	accept := func(moved []string) bool {
-		room := map[*candidate][]placement.GPU{}
-		for _, key := range moved {
+		reqs := make([]*placement.Request, len(moved))
+		for i, key := range moved {
 			q, err := p.parse(byKey[key])
-			if err != nil || q == nil {
+			if err != nil {
 				return false
 			}
-			if !slices.ContainsFunc(all, func(o *candidate) bool {
-				if o == c || !o.preFiltered(q.Mode) || o.Heartbeat != "fresh" || o.Inventory != "" || o.broken != "" {
-					return false
-				}
-				g, ok := room[o]
-				if !ok {
-					g = o.gpus()
-					room[o] = g
-				}
-				res, refusal := placement.Fit(g, &q.Request, p.options())
-				if refusal == nil {
-					placement.AddAssignments(g, res.Assignments)
-				}
-				return refusal == nil
-			}) {
-				return false
-			}
+			reqs[i] = &q.Request
 		}
-		return true
+		return placement.FitInTurn(reqs, len(all), func(n int) ([]placement.GPU, bool) {
+			o := all[n]
+			if o == c || o.Heartbeat != "fresh" || o.Inventory != "" || o.broken != "" {
+				return nil, false
+			}
+			return o.gpus(), true
+		}, p.options())
 	}
 	rel, ok := placement.Relocate(gpus, &req.Request, p.options(), movables, p.Args.Relocation.MaxPods, accept)
 	if !ok {

@@ -187,40 +187,25 @@ func (pl *DynamicMIG) budgetsAllow(pods []*v1.Pod) bool {
 }
 
 // fitElsewhere says whether the pods' GPU requests fit, one after the other, on the GPUs of
-// nodes other than from, as they are now (each counting the ones placed before it), on
-// nodes whose device plugin's heartbeat is fresh.
+// nodes other than from, as they are now, on nodes whose device plugin's heartbeat is fresh
+// (placement.FitInTurn).
 func (pl *DynamicMIG) fitElsewhere(pods []*v1.Pod, from string, nodes []fwk.NodeInfo, now time.Time) bool {
-	work := map[string][]placement.GPU{}
-	for _, q := range pods {
+	reqs := make([]*placement.Request, len(pods))
+	for i, q := range pods {
 		req, err := request.Parse(q, pl.args.ResourceNames, pl.args.NodeSchedulerPolicy)
 		if err != nil || req == nil {
 			return false
 		}
-		placed := false
-		for _, ni := range nodes {
-			name := ni.Node().Name
-			if name == from || !pl.leaseTimes.heartbeatFresh(name, now) {
-				continue
-			}
-			gpus, ok := work[name]
-			if !ok {
-				var st *fwk.Status
-				if gpus, _, _, st = pl.nodeGPUs(ni); st != nil {
-					continue
-				}
-				work[name] = gpus
-			}
-			if res, refusal := placement.Fit(gpus, &req.Request, pl.opts); refusal == nil {
-				placement.AddAssignments(gpus, res.Assignments)
-				placed = true
-				break
-			}
-		}
-		if !placed {
-			return false
-		}
+		reqs[i] = &req.Request
 	}
-	return true
+	return placement.FitInTurn(reqs, len(nodes), func(n int) ([]placement.GPU, bool) {
+		name := nodes[n].Node().Name
+		if name == from || !pl.leaseTimes.heartbeatFresh(name, now) {
+			return nil, false
+		}
+		gpus, _, _, st := pl.nodeGPUs(nodes[n])
+		return gpus, st == nil
+	}, pl.opts)
 }
 
 // relocate records the relocation (the moved pods' controllers are not relocated from again

@@ -88,6 +88,40 @@ func Relocate(gpus []GPU, req *Request, opts Options, movables []Movable, maxPod
 	return nil, false
 }
 
+// FitInTurn says whether the requests fit one after the other on the nodes' GPUs, each
+// counting the ones placed before it, every request trying the nodes in order (where pods a
+// relocation moves would go: DynamicMIG's PostFilter and kubectl dynamig explain). gpusOf
+// gives node n's GPUs as they are now, false for a node that takes none; it is asked once
+// per node, and what is placed is added to the GPUs it gave.
+func FitInTurn(reqs []*Request, nodes int, gpusOf func(n int) ([]GPU, bool), opts Options) bool {
+	room := map[int][]GPU{}
+	none := map[int]bool{}
+	for _, req := range reqs {
+		placed := false
+		for n := 0; n < nodes && !placed; n++ {
+			if none[n] {
+				continue
+			}
+			gpus, ok := room[n]
+			if !ok {
+				if gpus, ok = gpusOf(n); !ok {
+					none[n] = true
+					continue
+				}
+				room[n] = gpus
+			}
+			if res, refusal := Fit(gpus, req, opts); refusal == nil {
+				AddAssignments(gpus, res.Assignments)
+				placed = true
+			}
+		}
+		if !placed {
+			return false
+		}
+	}
+	return true
+}
+
 // fitWithout fits req on the node with the movables ms[idx] gone from GPU g, and says how
 // many slots they free; false when it does not fit, or fits without the room they leave.
 func fitWithout(gpus []GPU, g int, ms []Movable, idx []int, req *Request, opts Options) (*Result, int, bool) {
