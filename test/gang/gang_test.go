@@ -8,11 +8,8 @@ package gang
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -140,29 +137,14 @@ func (w *world) holdsNothing(hold time.Duration, pods []string, nodes []string, 
 	}
 }
 
-// schedulerGauge is an unlabelled series of the scheduler's DynamicMIG metrics, scraped.
+// schedulerGauge is an unlabelled gauge of the scheduler's DynamicMIG metrics, scraped.
 func (w *world) schedulerGauge(name string) float64 {
 	w.T.Helper()
-	resp, err := http.Get(w.SB.SchedulerMetrics())
-	if err != nil {
-		w.T.Fatal(err)
+	v, ok := w.SchedulerSample(name, nil)
+	if !ok {
+		w.T.Fatalf("the scheduler's scrape has no %s", name)
 	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	if err != nil {
-		w.T.Fatal(err)
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				w.T.Fatalf("%s: %v", line, err)
-			}
-			return f
-		}
-	}
-	w.T.Fatalf("the scheduler's scrape has no %s", name)
-	return 0
+	return v
 }
 
 // TestGangAllOrNothing: a gang of 4 pods of 3g.20gb on two A100-40GB nodes with room for only

@@ -2,11 +2,8 @@ package workloads
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -252,30 +249,10 @@ func (w *world) hasEvent(pod, reason string) bool {
 	return false
 }
 
-// evictions is the scheduler's dynamig_scheduler_relocation_evictions_total{result="evicted"}.
+// evictions is the scheduler's dynamig_scheduler_relocation_evictions_total{result="evicted"}
+// (0 before the first).
 func (w *world) evictions() float64 {
 	w.T.Helper()
-	out, err := scrape(w.SB.SchedulerMetrics())
-	if err != nil {
-		w.T.Fatal(err)
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if v, ok := strings.CutPrefix(line, `dynamig_scheduler_relocation_evictions_total{result="evicted"} `); ok {
-			var f float64
-			fmt.Sscan(v, &f)
-			return f
-		}
-	}
-	return 0
-}
-
-// scrape reads a metrics endpoint.
-func scrape(url string) (string, error) {
-	resp, err := http.Get(url)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return string(body), err
+	v, _ := w.SchedulerSample("dynamig_scheduler_relocation_evictions_total", map[string]string{"result": "evicted"})
+	return v
 }

@@ -5,6 +5,7 @@ package sandboxtest
 
 import (
 	"context"
+	"maps"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dynamig/dynamig/test/cluster"
 	"github.com/dynamig/dynamig/test/sandbox"
 )
 
@@ -79,4 +81,25 @@ func (w *World) WaitFor(what string, timeout time.Duration, cond func() (bool, s
 	if err != nil {
 		w.T.Fatalf("waiting %v for %s: %s", timeout, what, last)
 	}
+}
+
+// SchedulerSample is the value of the sample of the scheduler's DynamicMIG metric name that
+// has exactly these labels (none: nil), as a scrape shows it now (cluster.Scrape); false when
+// there is no such sample.
+func (w *World) SchedulerSample(name string, labels map[string]string) (float64, bool) {
+	w.T.Helper()
+	families, err := cluster.Scrape(w.Ctx, w.SB.SchedulerMetrics())
+	if err != nil {
+		w.T.Fatal(err)
+	}
+	for _, m := range families[name].GetMetric() {
+		if !maps.Equal(cluster.Labels(m), labels) {
+			continue
+		}
+		if m.Counter != nil {
+			return m.GetCounter().GetValue(), true
+		}
+		return m.GetGauge().GetValue(), true
+	}
+	return 0, false
 }
