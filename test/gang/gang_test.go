@@ -25,6 +25,7 @@ import (
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/manifests"
+	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
 	"github.com/dynamig/dynamig/test/sandbox"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxconfig"
 	"github.com/dynamig/dynamig/test/sandbox/sandboxtest"
@@ -157,10 +158,6 @@ func (w *world) schedulerGauge(name string) float64 {
 func TestGangAllOrNothing(t *testing.T) {
 	nodes := []string{"n1", "n2"}
 	w := start(t, nodes...)
-	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "low"}, Value: -10}
-	if _, err := w.C.SchedulingV1().PriorityClasses().Create(w.Ctx, pc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	w.Create(sandboxtest.GPUPod("holder", "mig", 1, 19000))
 	held := w.Running("holder")["holder"]
 	if len(held) != 1 || held[0].Profile != "3g.20gb" {
@@ -177,16 +174,14 @@ func TestGangAllOrNothing(t *testing.T) {
 	}
 	w.holdsNothing(5*time.Second, gang, nodes, map[string]bool{"holder": true})
 
-	single := sandboxtest.GPUPod("single", "mig", 1, 19000)
-	single.Spec.PriorityClassName = "low"
 	w.Delete("holder")
-	w.Create(single)
+	w.Create(w.lowPriority(sandboxtest.GPUPod("single", "mig", 1, 19000)))
 	recs := w.Running(gang...)
 	if p, err := w.C.CoreV1().Pods("default").Get(w.Ctx, "single", metav1.GetOptions{}); err == nil {
 		if p.Spec.NodeName != "" {
 			t.Errorf("single is bound to %s beside the whole gang", p.Spec.NodeName)
-		} else if msg := w.Pending("single"); !strings.Contains(msg, "DynamicMIG") {
-			t.Errorf("single: %q, want DynamicMIG's refusal: the gang holds the room", msg)
+		} else if msg := w.Pending("single"); !strings.Contains(msg, string(placement.ReasonPlacementsTaken)) {
+			t.Errorf("single: %q, want DynamicMIG's %q: the gang holds the room", msg, placement.ReasonPlacementsTaken)
 		}
 		t.Log("the gang came first; the single pod finds no room")
 	} else if apierrors.IsNotFound(err) {
@@ -194,7 +189,62 @@ func TestGangAllOrNothing(t *testing.T) {
 	} else {
 		t.Fatal(err)
 	}
-	sandboxtest.NoOverlap(t, recs)
+	w.runsWhole(gang, recs, nodes)
+}
+
+// TestGangHoldsItsRoom: a gang's placements are held from its Reserve until it is bound. On
+// two A100-40GB nodes with room for exactly the gang of 4 × 3g.20gb, a webhook on
+// pods/binding holds the gang's bindings (the scheduler's binding cycles wait on the API
+// server, every member reserved) while a single 3g.20gb pod of lower priority is created and
+// tried: it finds no room, DynamicMIG's refusal, with the 4 reservations in flight. Released,
+// the gang binds whole on what it reserved, and the single pod stays Pending, unbound.
+func TestGangHoldsItsRoom(t *testing.T) {
+	nodes := []string{"n1", "n2"}
+	w := start(t, nodes...)
+	gate := w.holdBindings("train-")
+	gang := w.apply("../../examples/gang/train.yaml")
+	w.WaitFor("the gang's bindings at the gate", time.Minute, func() (bool, string) {
+		return len(gate.held()) > 0, "none yet"
+	})
+	w.Create(w.lowPriority(sandboxtest.GPUPod("single", "mig", 1, 19000)))
+	msg := w.Pending("single")
+	for _, n := range gang {
+		if p := w.Get(n); p.Spec.NodeName != "" {
+			t.Fatalf("%s is bound to %s before the gate opened: the single pod was not tried inside the gang's hold", n, p.Spec.NodeName)
+		}
+	}
+	if v := w.schedulerGauge("dynamig_scheduler_reservations_in_flight"); v != 4 {
+		t.Errorf("%v reservations in flight while the gang's bindings are held, want 4", v)
+	}
+	if !strings.Contains(msg, string(placement.ReasonPlacementsTaken)) {
+		t.Errorf("single: %q, want DynamicMIG's %q: the gang holds the room", msg, placement.ReasonPlacementsTaken)
+	}
+	t.Logf("tried while the gang's %d bindings were held: %s", len(gate.held()), msg)
+	gate.open()
+	recs := w.Running(gang...)
+	w.runsWhole(gang, recs, nodes)
+	if p := w.Get("single"); p.Spec.NodeName != "" {
+		t.Errorf("single is bound to %s beside the whole gang", p.Spec.NodeName)
+	}
+}
+
+// lowPriority gives the pod a priority class below the default's (created once), so that
+// it can preempt nothing.
+func (w *world) lowPriority(p *v1.Pod) *v1.Pod {
+	w.T.Helper()
+	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "low"}, Value: -10}
+	if _, err := w.C.SchedulingV1().PriorityClasses().Create(w.Ctx, pc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		w.T.Fatal(err)
+	}
+	p.Spec.PriorityClassName = pc.Name
+	return p
+}
+
+// runsWhole asserts that the gang runs two pods per node, without overlap, NVML holding
+// exactly what each was reserved, and that the scheduler holds no reservation after.
+func (w *world) runsWhole(gang []string, recs map[string][]api.MigReservation, nodes []string) {
+	w.T.Helper()
+	sandboxtest.NoOverlap(w.T, recs)
 	byNode := map[string]map[string][]api.MigReservation{}
 	for _, n := range gang {
 		node := w.Get(n).Spec.NodeName
@@ -205,7 +255,7 @@ func TestGangAllOrNothing(t *testing.T) {
 	}
 	for _, node := range nodes {
 		if len(byNode[node]) != 2 {
-			t.Errorf("node %s runs %d pods of the gang, want 2 (one A100-40GB holds two 3g.20gb)", node, len(byNode[node]))
+			w.T.Errorf("node %s runs %d pods of the gang, want 2 (one A100-40GB holds two 3g.20gb)", node, len(byNode[node]))
 		}
 		w.SameHardware(node, byNode[node])
 	}
