@@ -3,6 +3,7 @@ package dynamicmig
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -68,9 +69,13 @@ func (pl *DynamicMIG) PostFilter(ctx context.Context, state fwk.CycleState, pod 
 		st := statuses.Get(ni.Node().Name)
 		return st == nil || st.Plugin() != Name
 	})
-	plan := pl.planRelocation(ctx, pod, s, candidates, time.Now())
+	plan, recent := pl.planRelocation(ctx, pod, s, candidates, time.Now())
 	if plan == nil {
-		return nil, fwk.NewStatus(fwk.Unschedulable, "no relocation of relocatable pods makes room")
+		msg := "no relocation of relocatable pods makes room"
+		if len(recent) > 0 {
+			msg += fmt.Sprintf(" (pods of %s are not moved again within %v of their last relocation)", strings.Join(recent, ", "), pl.args.Relocation.Interval.Duration)
+		}
+		return nil, fwk.NewStatus(fwk.Unschedulable, msg)
 	}
 	pl.relocate(ctx, pod, plan)
 	return &fwk.PostFilterResult{NominatingInfo: &fwk.NominatingInfo{NominatedNodeName: plan.node, NominatingMode: fwk.ModeOverride}},
@@ -86,14 +91,17 @@ type relocationPlan struct {
 }
 
 // planRelocation finds, over the candidate nodes in name order, the relocation that moves
-// the fewest pods (placement.Relocate on each node), or nil.
-func (pl *DynamicMIG) planRelocation(ctx context.Context, pod *v1.Pod, s *stateData, candidates []fwk.NodeInfo, now time.Time) *relocationPlan {
+// the fewest pods (placement.Relocate on each node), or nil and the controllers ("Kind
+// namespace/name", sorted) whose pods it did not consider because they were relocated
+// within the interval.
+func (pl *DynamicMIG) planRelocation(ctx context.Context, pod *v1.Pod, s *stateData, candidates []fwk.NodeInfo, now time.Time) (*relocationPlan, []string) {
 	logger := klog.FromContext(ctx)
 	all, err := pl.handle.SnapshotSharedLister().NodeInfos().List()
 	if err != nil {
 		logger.Error(err, "Listing nodes for a relocation")
-		return nil
+		return nil, nil
 	}
+	recent := map[string]bool{}
 	slices.SortFunc(candidates, func(a, b fwk.NodeInfo) int { return strings.Compare(a.Node().Name, b.Node().Name) })
 	var best *relocationPlan
 	for _, ni := range candidates {
@@ -105,7 +113,14 @@ func (pl *DynamicMIG) planRelocation(ctx context.Context, pod *v1.Pod, s *stateD
 		var movables []placement.Movable
 		for _, pi := range ni.GetPods() {
 			q := pi.GetPod()
-			m, ok := pl.movable(q, pod, gpus, now)
+			if !request.Relocatable(q, pod) {
+				continue
+			}
+			if owner := metav1.GetControllerOf(q); pl.relocated.recently(owner.UID, now, pl.args.Relocation.Interval.Duration) {
+				recent[owner.Kind+" "+q.Namespace+"/"+owner.Name] = true
+				continue
+			}
+			m, ok := pl.movable(q, gpus)
 			if !ok {
 				continue
 			}
@@ -139,16 +154,14 @@ func (pl *DynamicMIG) planRelocation(ctx context.Context, pod *v1.Pod, s *stateD
 			break
 		}
 	}
-	return best
+	if best != nil {
+		return best, nil
+	}
+	return nil, slices.Sorted(maps.Keys(recent))
 }
 
-// movable says whether q may be moved for pod (request.Relocatable), and what it holds on
-// the node's GPUs (placement.MovableOf): only a pod of a controller none of whose pods was
-// relocated within the interval.
-func (pl *DynamicMIG) movable(q, pod *v1.Pod, gpus []placement.GPU, now time.Time) (placement.Movable, bool) {
-	if !request.Relocatable(q, pod) || pl.relocated.recently(metav1.GetControllerOf(q).UID, now, pl.args.Relocation.Interval.Duration) {
-		return placement.Movable{}, false
-	}
+// movable is what a relocatable pod q holds on the node's GPUs (placement.MovableOf).
+func (pl *DynamicMIG) movable(q *v1.Pod, gpus []placement.GPU) (placement.Movable, bool) {
 	raw, ok := q.Annotations[api.MigReservationsAnnotation]
 	if !ok {
 		return placement.Movable{}, false

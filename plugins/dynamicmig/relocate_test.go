@@ -141,6 +141,21 @@ func TestRelocation(t *testing.T) {
 		}
 	})
 
+	t.Run("within the interval", func(t *testing.T) {
+		w := newRelocationWorld(t, on(), a(), b())
+		for _, owner := range []string{"rs-a", "rs-b"} {
+			w.pl.relocated.mark(types.UID("uid-"+owner), time.Now(), config.DefaultRelocationInterval)
+		}
+		res, st := w.postFilter("p", 0)
+		if st.IsSuccess() || res != nil || len(w.evictions()) > 0 {
+			t.Fatalf("PostFilter: %v, %+v, evicted %v; want no relocation", st, res, w.evictions())
+		}
+		want := "(pods of ReplicaSet default/rs-a, ReplicaSet default/rs-b are not moved again within 10m0s of their last relocation)"
+		if msg := st.Message(); !strings.Contains(msg, want) {
+			t.Errorf("reason %q, want it to say %q", msg, want)
+		}
+	})
+
 	for _, tc := range []struct {
 		name     string
 		a, b     *v1.Pod

@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	v1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,10 +40,13 @@ const (
 // 3g.20gb pod waits, and none of the three is moved. Once the budget goes, one relocation
 // round evicts the Deployment's pod from GPU 1, the 3g.20gb pod runs in its room, and the
 // Deployment's pod runs again elsewhere; the other two are never moved, and nothing is
-// evicted twice.
+// evicted twice. Then the half GPU where the Deployment's new pod runs is cleared of all but
+// it, and a second 3g.20gb pod waits: the Deployment's pods are not moved again within the
+// interval (40 s here), and are once it has passed.
 func TestRelocation(t *testing.T) {
+	const interval = 40 * time.Second
 	rendered, err := manifests.Render(manifests.Namespace, map[string]any{"createNamespace": true,
-		"scheduler": map[string]any{"relocation": map[string]any{"enabled": true}}})
+		"scheduler": map[string]any{"relocation": map[string]any{"enabled": true, "interval": interval.String()}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,29 +142,86 @@ func TestRelocation(t *testing.T) {
 	if !w.hasEvent("big", "Relocating") {
 		t.Error("big has no Relocating event")
 	}
+	relocated := w.eventTime("big", "Relocating")
 	moved := ""
 	for name, uuid := range holders {
 		if uuid == gpus[1] {
 			moved = name
 		}
 	}
+	again := w.guardedRunning(moved)
+	delete(uids, moved)
+	w.noRelocation(5*time.Second, "", uids)
+	if n := w.evictions() - evictedBefore; n != 1 {
+		t.Errorf("%v relocation evictions, want 1", n)
+	}
+
+	// The half GPU of the Deployment's new pod keeps only it (the other pods there go, bare
+	// ones deleted, a Deployment's scaled to 0); a second 3g.20gb pod waits.
+	mine := w.runningReservations()[again]
+	if len(mine) != 1 {
+		t.Fatalf("%s holds %v, want one 1g.5gb", again, mine)
+	}
+	half := mine[0].Placement.Start / 4 * 4 // [0,4) or [4,8): a 3g.20gb's placements
+	node := w.Get(again).Spec.NodeName
+	for name, rs := range w.runningReservations() {
+		for _, r := range rs {
+			if name == again || r.GPUUUID != mine[0].GPUUUID || r.Placement.Start >= half+4 || r.Placement.Start+r.Placement.Size <= half {
+				continue
+			}
+			if p := w.Get(name); metav1.GetControllerOf(p) == nil {
+				w.Delete(name)
+			} else if app := p.Labels["app"]; app == "guarded" {
+				t.Fatalf("%s shares [%d,%d) of GPU %s with %s", name, half, half+4, r.GPUUUID, again)
+			} else if _, err := w.C.AppsV1().Deployments("default").UpdateScale(w.Ctx, app,
+				&autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Name: app, Namespace: "default"}}, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			w.Gone(node, name)
+		}
+	}
+	w.Create(sandboxtest.GPUPod("big2", "mig", 1, mem3g))
+	if msg := w.Pending("big2"); !strings.Contains(msg, "are not moved again within "+interval.String()) {
+		t.Errorf("big2: %q, want the reason to say the Deployment's pods are not moved again within %v", msg, interval)
+	}
+	w.noRelocation(time.Until(relocated.Add(interval-2*time.Second)), "big2", w.uids(map[string]string{again: ""}))
+	// Past the interval, a pod deleted (a filler of GPU 1, no 3g room made) retries "big2".
+	time.Sleep(time.Until(relocated.Add(interval)))
+	w.Delete(slots[gpus[1]][0])
+	recs2 := w.Running("big2")["big2"]
+	if len(recs2) != 1 || recs2[0].GPUUUID != mine[0].GPUUUID || recs2[0].Placement.Start != half {
+		t.Fatalf("big2 got %v, want a 3g.20gb at [%d,%d) of GPU %s, where %s was", recs2, half, half+4, mine[0].GPUUUID, again)
+	}
+	if second := w.eventTime("big2", "Relocating"); second.Sub(relocated) < interval {
+		t.Errorf("the Deployment's pods were relocated again %v after the first time, within the interval %v", second.Sub(relocated), interval)
+	} else {
+		t.Logf("the Deployment's pods relocated again %v after the first time (interval %v)", second.Sub(relocated).Round(time.Millisecond), interval)
+	}
+	w.guardedRunning(again)
+	if n := w.evictions() - evictedBefore; n != 2 {
+		t.Errorf("%v relocation evictions, want 2", n)
+	}
+}
+
+// guardedRunning waits for a pod of the guarded Deployment other than moved to run, and
+// returns its name.
+func (w *world) guardedRunning(moved string) string {
+	w.T.Helper()
+	var name string
 	w.WaitFor("the guarded Deployment's pod running again, elsewhere", 2*time.Minute, func() (bool, string) {
 		pods, err := w.C.CoreV1().Pods("default").List(w.Ctx, metav1.ListOptions{LabelSelector: "app=guarded"})
 		if err != nil {
 			return false, err.Error()
 		}
 		for _, p := range pods.Items {
-			if p.Name != moved && p.Status.Phase == v1.PodRunning {
+			if p.Name != moved && p.Status.Phase == v1.PodRunning && p.DeletionTimestamp == nil {
+				name = p.Name
 				return true, ""
 			}
 		}
 		return false, fmt.Sprintf("%d pods", len(pods.Items))
 	})
-	delete(uids, moved)
-	w.noRelocation(5*time.Second, "", uids)
-	if n := w.evictions() - evictedBefore; n != 1 {
-		t.Errorf("%v relocation evictions, want 1", n)
-	}
+	return name
 }
 
 // pinned is a bare pod asking for one MIG device of memory MiB on node.
@@ -189,22 +251,57 @@ func (w *world) gpus(node string) []string {
 
 // runningOn is the pod running with a realised instance at slot start of the GPU, or "".
 func (w *world) runningOn(gpu string, start int) string {
-	pods, err := w.C.CoreV1().Pods("default").List(w.Ctx, metav1.ListOptions{})
-	if err != nil {
-		return ""
-	}
-	for _, p := range pods.Items {
-		recs, err := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
-		if err != nil || p.Status.Phase != v1.PodRunning || p.DeletionTimestamp != nil {
-			continue
-		}
+	for name, recs := range w.runningReservations() {
 		for _, r := range recs {
-			if r.GPUUUID == gpu && r.Placement.Start == start && r.Realized() {
-				return p.Name
+			if r.GPUUUID == gpu && r.Placement.Start == start {
+				return name
 			}
 		}
 	}
 	return ""
+}
+
+// runningReservations are the reservations of the pods running and not ending, all realised.
+func (w *world) runningReservations() map[string][]api.MigReservation {
+	pods, err := w.C.CoreV1().Pods("default").List(w.Ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil
+	}
+	out := map[string][]api.MigReservation{}
+next:
+	for _, p := range pods.Items {
+		recs, err := api.DecodeMigReservations(p.Annotations[api.MigReservationsAnnotation])
+		if err != nil || len(recs) == 0 || p.Status.Phase != v1.PodRunning || p.DeletionTimestamp != nil {
+			continue
+		}
+		for _, r := range recs {
+			if !r.Realized() {
+				continue next
+			}
+		}
+		out[p.Name] = recs
+	}
+	return out
+}
+
+// eventTime is when the pod's first event of reason happened.
+func (w *world) eventTime(pod, reason string) time.Time {
+	w.T.Helper()
+	evs, err := w.C.CoreV1().Events("default").List(w.Ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
+	if err != nil {
+		w.T.Fatal(err)
+	}
+	for _, e := range evs.Items {
+		if e.Reason != reason {
+			continue
+		}
+		if !e.EventTime.IsZero() {
+			return e.EventTime.Time
+		}
+		return e.FirstTimestamp.Time
+	}
+	w.T.Fatalf("%s has no %s event", pod, reason)
+	return time.Time{}
 }
 
 // uids are the pods' UIDs now.
