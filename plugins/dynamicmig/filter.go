@@ -149,7 +149,9 @@ func (pl *DynamicMIG) Filter(ctx context.Context, state fwk.CycleState, pod *v1.
 			return status
 		}
 		cached = cachedFit{generation: generation, request: s.key, withNominated: nominated}
-		res, refusal := placement.Fit(gpus, &s.req.Request, pl.opts)
+		opts := pl.opts
+		opts.Terse = !klog.FromContext(ctx).V(5).Enabled()
+		res, refusal := placement.Fit(gpus, &s.req.Request, opts)
 		if refusal == nil {
 			cached.fit = &nodeFit{result: res, gpus: gpus, gpuUtil: placement.NodeUtilisation(gpus, res), inUse: placement.InUse(gpus)}
 		}

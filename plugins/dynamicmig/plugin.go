@@ -123,6 +123,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, fts feature.Feat
 			FragmentationAware: *args.FragmentationAware,
 			DefaultMemory:      device.Nvidia.DefaultMemory,
 			DefaultCores:       device.Nvidia.DefaultCores,
+			Terse:              true, // Filter asks for details only where it logs them
 		},
 		draExtendedResources: fts.EnableDRAExtendedResource,
 		inventory:            newInventoryCache(),

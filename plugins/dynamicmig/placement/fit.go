@@ -47,6 +47,10 @@ type Options struct {
 	// DefaultMemory and DefaultCores are the device config's defaultMemory and
 	// defaultCores, for a container that names no memory or no cores.
 	DefaultMemory, DefaultCores int
+	// Terse leaves a MIG refusal's Detail empty (its Reason is the same): telling which GPU
+	// refused a device and why asks every GPU again and formats a message for each, on
+	// every node a pod does not fit; Filter wants details only when it logs them.
+	Terse bool
 }
 
 // GPU is one GPU of a node with what is reserved on it.
@@ -203,8 +207,13 @@ func eligible(g *GPU, mode string, req *Request, numa int) refusal {
 	if !info.Health {
 		return refusal{reason: ReasonNoGPU, detail: fmt.Sprintf("%s is unhealthy", info.ID)}
 	}
-	typ := strings.ToLower(info.Type)
-	matchesType := func(s string) bool { return strings.Contains(typ, s) }
+	var typ string // lower-cased only where the pod selects by type
+	matchesType := func(s string) bool {
+		if typ == "" {
+			typ = strings.ToLower(info.Type)
+		}
+		return strings.Contains(typ, s)
+	}
 	switch {
 	case len(req.UseTypes) > 0 && !slices.ContainsFunc(req.UseTypes, matchesType),
 		slices.ContainsFunc(req.NoUseTypes, matchesType),
@@ -277,6 +286,7 @@ func fitMIG(gpus []GPU, req *Request, opts Options, numa int) (*Result, refusal)
 				}
 				choice, r := s.g.choose(&s.u, migDemandOf(c, s.g, opts), opts.FragmentationAware, false)
 				if r.reason != ReasonNone {
+					deviceWhy = deviceWhy.closer(r)
 					continue
 				}
 				cand := &migCandidate{gpu: i, choice: choice, memory: s.g.profiles[choice.profile].pub.MemoryMB, util: s.g.utilisation(&s.u)}
@@ -284,8 +294,12 @@ func fitMIG(gpus []GPU, req *Request, opts Options, numa int) (*Result, refusal)
 					best = cand
 				}
 			}
+			if best == nil && opts.Terse {
+				return nil, deviceWhy
+			}
 			if best == nil {
-				// The failure path: ask every GPU again, this time for its reasons.
+				// The failure path: ask every GPU again, this time for its details.
+				deviceWhy = refusal{}
 				for i, s := range states {
 					if s == nil {
 						continue

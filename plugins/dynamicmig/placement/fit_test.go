@@ -316,6 +316,11 @@ func TestRefusalReasons(t *testing.T) {
 			if why != nil && why.Reason == ReasonUnusable && !strings.Contains(why.Detail, tc.gpus[0].Info.Unusable) {
 				t.Errorf("the refusal does not say why the GPU is unusable: %v", why)
 			}
+			terse := defaultOpts
+			terse.Terse = true
+			if _, t2 := Fit(tc.gpus, tc.req, terse); t2 == nil || t2.Reason != tc.want {
+				t.Errorf("terse: got %v, want %q", t2, tc.want)
+			}
 		})
 	}
 }
@@ -596,5 +601,17 @@ func TestNUMABind(t *testing.T) {
 	// A node whose GPUs are full is refused for that, not for the binding.
 	if _, why := Fit(node(0, 1, 2, 3), pod(true), defaultOpts); why == nil || why.Reason == ReasonNUMA {
 		t.Errorf("a full node: %v, want its own reason", why)
+	}
+}
+
+// TestReasonRank: refusals rank in the order Reasons lists them, ReasonNone below all.
+func TestReasonRank(t *testing.T) {
+	if r := ReasonNone.rank(); r != 0 {
+		t.Errorf("ReasonNone ranks %d, want 0", r)
+	}
+	for i, r := range Reasons {
+		if r.rank() != i+1 {
+			t.Errorf("%q ranks %d, want %d (its place in Reasons)", r, r.rank(), i+1)
+		}
 	}
 }

@@ -429,3 +429,23 @@ func TestQueueReplayRelocating(t *testing.T) {
 	}
 	t.Logf("mean wait %.3f → %.3f, utilisation while pending (arrivals) %.3f → %.3f, %d pods relocated", plain.MeanWait, half.MeanWait, plain.UtilArrivals, half.UtilArrivals, half.Relocated)
 }
+
+// BenchmarkQueueReplayRelocating is one relocating replay of the report's size (64 ×
+// A100-40GB, 4000 pods of the inference mix), against the plain replay's cost.
+func BenchmarkQueueReplayRelocating(b *testing.B) {
+	c, err := NewCluster("A100-40GB", 64, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w := &Workload{Name: "inference", Mix: InferenceMix}
+	jobs, err := w.Jobs(c, 1.0, 4000, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, unit := w.TimeUnit()
+	for b.Loop() {
+		if _, err := QueueReplayRelocating(c, jobs, unit, 0.5, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

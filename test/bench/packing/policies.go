@@ -34,7 +34,7 @@ func (p Dynamig) Place(st *State, d Demand) []Alloc { return p.placeExcept(st, d
 
 // options are the allocator's options of the policy.
 func (p Dynamig) options() placement.Options {
-	return placement.Options{MIGPolicy: api.PolicyBinpack, HAMiCorePolicy: api.PolicySpread, FragmentationAware: p.FragmentationAware}
+	return placement.Options{MIGPolicy: api.PolicyBinpack, HAMiCorePolicy: api.PolicySpread, FragmentationAware: p.FragmentationAware, Terse: true}
 }
 
 // request is a demand as the allocator reads it.

@@ -169,22 +169,36 @@ func queueReplay(c *Cluster, p Policy, jobs []Job, unit float64, check bool, sha
 				maxPods = len(best.Moved) - 1
 			}
 			asked := false
+			// Whether pods fit on the other nodes, one after the other, depends only on their
+			// demands in turn: their leaving n changes nothing there. Each sequence is placed
+			// once per node, on st itself, and undone.
+			fits := map[string]bool{}
 			accept := func(keys []string) bool {
 				asked = true
-				other := st.clone()
+				seq := make([]byte, 0, 8*len(keys))
 				for _, key := range keys {
 					k, _ := strconv.Atoi(key)
-					other.Release(allocs[k])
+					seq = fmt.Appendf(seq, "%d×%d,", jobs[k].Demand.Devices, jobs[k].Demand.MemoryMiB)
 				}
+				if ok, seen := fits[string(seq)]; seen {
+					return ok
+				}
+				var placed [][]Alloc
 				for _, key := range keys {
 					k, _ := strconv.Atoi(key)
-					as := dyn.placeExcept(other, jobs[k].Demand, n)
+					as := dyn.placeExcept(st, jobs[k].Demand, n)
 					if as == nil {
-						return false
+						break
 					}
-					other.Apply(as)
+					st.Apply(as)
+					placed = append(placed, as)
 				}
-				return true
+				for x := len(placed) - 1; x >= 0; x-- {
+					st.Release(placed[x])
+				}
+				ok := len(placed) == len(keys)
+				fits[string(seq)] = ok
+				return ok
 			}
 			rel, ok := placement.Relocate(st.Nodes[n], request(jobs[i].Demand), dyn.options(), movables, maxPods, accept)
 			switch {
