@@ -115,7 +115,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		fmt.Fprintf(w, "- Nodes examined per pod: the configuration leaves `percentageOfNodesToScore` unset, so kube-scheduler stops filtering a pod "+
 			"once it has found 50 %% minus 1 %% per 125 nodes of the nodes feasible, and at least 100 (100 nodes: all; 500: 230; 1000: 420).\n\n")
 	}
-	fmt.Fprintf(w, "Measures: **pods/s** = pods ÷ (last pod seen bound by a watch − first create request); "+
+	fmt.Fprintf(w, "Measures: **pods/s** = pods ÷ (last pod seen bound by a watch − first create request; the watch is of bound pods only (field selector `spec.nodeName!=`) and of their metadata only, and it and the creators speak protobuf, as kube-scheduler's client does, so that measuring costs the process little and about the same for a CPU pod as for a GPU pod); "+
 		"**latency** = from a pod's create request to its binding seen by the watch; "+
 		"**writes/pod** = the scheduler's writes (audit log at the API server, user `%s`, successful writes only, events excluded and listed apart) ÷ pods bound; **refused write attempts** = the scheduler's writes the server answered with an error (a Binding whose request failed under load, though it may have been applied), not in writes/pod; "+
 		"**stand-in writes** = the stand-in device plugin's successful writes; "+
