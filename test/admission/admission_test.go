@@ -14,7 +14,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +34,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/generated/openapi"
+	"k8s.io/utils/ptr"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/test/cluster"
@@ -99,6 +102,7 @@ func TestAdmissionPolicies(t *testing.T) {
 	t.Run("allowed", func(t *testing.T) { testAllowed(ctx, t, c) })
 	t.Run("own node", func(t *testing.T) { testOwnNode(ctx, t, c) })
 	t.Run("nvidia env", func(t *testing.T) { testNvidiaEnv(ctx, t, c) })
+	t.Run("relocatable", func(t *testing.T) { testRelocatable(ctx, t, cp) })
 	t.Run("rbac", func(t *testing.T) { testRBAC(ctx, t, c.admin) })
 }
 
@@ -117,16 +121,20 @@ func applyPolicies(ctx context.Context, t *testing.T, admin kubernetes.Interface
 			}
 		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
 			bindings++
-			if got := o.Spec.ValidationActions; len(got) != 1 || got[0] != admissionregistrationv1.Deny {
-				t.Errorf("binding %s: validationActions %v, want [Deny]", o.Name, got)
+			want := admissionregistrationv1.Deny
+			if o.Name == "dynamig-relocatable-bare" {
+				want = admissionregistrationv1.Warn
+			}
+			if got := o.Spec.ValidationActions; len(got) != 1 || got[0] != want {
+				t.Errorf("binding %s: validationActions %v, want [%s]", o.Name, got, want)
 			}
 			if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{}); err != nil {
 				t.Fatalf("creating binding %s: %v", o.Name, err)
 			}
 		}
 	}
-	if len(policies) != 5 || bindings != 5 {
-		t.Fatalf("%s: %d policies and %d bindings, want 5 and 5", installFile, len(policies), bindings)
+	if len(policies) != 7 || bindings != 7 {
+		t.Fatalf("%s: %d policies and %d bindings, want 7 and 7", installFile, len(policies), bindings)
 	}
 	return policies
 }
@@ -175,6 +183,12 @@ func waitEffective(ctx context.Context, t *testing.T, c clients) {
 		},
 		"dynamig-binding-reservations": func() error {
 			return c.admin.CoreV1().Pods(ns).Bind(ctx, reservationBinding("probe-bound", bound.UID), dry)
+		},
+		"dynamig-relocatable": func() error {
+			p := cpuPod("probe", "default-scheduler", "")
+			p.Annotations = map[string]string{api.RelocatableAnnotation: "yes"}
+			_, err := c.admin.CoreV1().Pods(ns).Create(ctx, p, dry)
+			return err
 		},
 		"dynamig-nvidia-env": func() error {
 			p := cpuPod("probe", "default-scheduler", "")
@@ -559,4 +573,89 @@ func cpuPod(name, schedulerName, nodeName string) *v1.Pod {
 func annotationsPatch(annotations map[string]any) []byte {
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
 	return patch
+}
+
+// testRelocatable: dynamig.io/relocatable other than "true" or "false" is refused naming the
+// value (also when an update writes it, not when it keeps a value the pod had); "true" on a
+// pod without a controller is admitted with a warning that it is ignored, on a controller's
+// pod without one.
+func testRelocatable(ctx context.Context, t *testing.T, cp *cluster.ControlPlane) {
+	warnings := &warningRecorder{}
+	cfg := cp.UserConfig(cluster.UserAdmin)
+	cfg.WarningHandler = warnings
+	admin, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	annotated := func(name, value string, owned bool) *v1.Pod {
+		p := gpuPod(name, dynamigSched)
+		p.Annotations = map[string]string{api.RelocatableAnnotation: value}
+		if owned {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "web-5d9c", UID: "uid-web", Controller: ptr.To(true)}}
+		}
+		return p
+	}
+	const ignored = `dynamig.io/relocatable "true" is ignored on a pod without a controller`
+
+	_, err = admin.CoreV1().Pods(ns).Create(ctx, annotated("reloc-yes", "yes", true), metav1.CreateOptions{})
+	if err == nil || !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy 'dynamig-relocatable'") ||
+		!strings.Contains(err.Error(), `metadata.annotations[dynamig.io/relocatable] is "yes": write "true"`) {
+		t.Errorf("relocatable \"yes\": %v; want 422 Invalid from dynamig-relocatable naming the value", err)
+	}
+
+	for _, tc := range []struct {
+		name, value string
+		owned, warn bool
+	}{
+		{"reloc-bare", "true", false, true},
+		{"reloc-owned", "true", true, false},
+		{"reloc-bare-false", "false", false, false},
+	} {
+		warnings.reset()
+		if _, err := admin.CoreV1().Pods(ns).Create(ctx, annotated(tc.name, tc.value, tc.owned), metav1.CreateOptions{}); err != nil {
+			t.Errorf("%s: %v; want admitted", tc.name, err)
+			continue
+		}
+		got := warnings.texts()
+		if warned := slices.ContainsFunc(got, func(w string) bool { return strings.Contains(w, ignored) }); warned != tc.warn {
+			t.Errorf("%s: warnings %q; want the warning %v", tc.name, got, tc.warn)
+		}
+	}
+
+	// An update that writes a wrong value is refused; one that keeps it is not.
+	patch := func(name, value string) error {
+		_, err := admin.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType,
+			annotationsPatch(map[string]any{api.RelocatableAnnotation: value}), metav1.PatchOptions{})
+		return err
+	}
+	if err := patch("reloc-owned", "True"); err == nil || !strings.Contains(err.Error(), `is "True"`) {
+		t.Errorf("update to \"True\": %v; want refused naming the value", err)
+	}
+	if err := patch("reloc-owned", "false"); err != nil {
+		t.Errorf("update to \"false\": %v", err)
+	}
+}
+
+// warningRecorder keeps the warnings the API server sent (client-go's WarningHandler).
+type warningRecorder struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (w *warningRecorder) HandleWarningHeader(_ int, _ string, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seen = append(w.seen, text)
+}
+
+func (w *warningRecorder) reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seen = nil
+}
+
+func (w *warningRecorder) texts() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.seen)
 }
