@@ -8,6 +8,8 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -20,12 +22,53 @@ import (
 // plugin registered again: the kubelet advertises none for a moment after a restart), a pod
 // with GPU reservations deleted (the scheduler sees a pod that ended as deleted). A
 // heartbeat Lease renewed after it had expired is not a scheduler event; the plugin's Lease
-// handler activates the pods it refused for it.
+// handler activates the pods it refused for it. With relocation on, also a disruption budget
+// deleted or allowing more; a relocation interval running out activates the pods that
+// waited for it (PostFilter).
 func (pl *DynamicMIG) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
-	return []fwk.ClusterEventWithHint{
+	events := []fwk.ClusterEventWithHint{
 		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation | fwk.UpdateNodeAllocatable}, QueueingHintFn: pl.isSchedulableAfterNodeChange},
 		{Event: fwk.ClusterEvent{Resource: fwk.Pod, ActionType: fwk.Delete}, QueueingHintFn: pl.isSchedulableAfterPodDelete},
-	}, nil
+	}
+	if pl.args.Relocation.Enabled {
+		// A disruption budget that allows more may let a relocation through: kube-scheduler
+		// watches the kind for this (a dynamic informer), no built-in event covers it.
+		events = append(events, fwk.ClusterEventWithHint{Event: fwk.ClusterEvent{Resource: disruptionBudgets, ActionType: fwk.Update | fwk.Delete}, QueueingHintFn: pl.isSchedulableAfterBudgetChange})
+	}
+	return events, nil
+}
+
+// disruptionBudgets is PodDisruptionBudget as a kube-scheduler event resource: plural kind,
+// version, group.
+const disruptionBudgets fwk.EventResource = "poddisruptionbudgets.v1.policy"
+
+// isSchedulableAfterBudgetChange queues a pod when a disruption budget is deleted or allows
+// more disruptions than before; a relocation may then evict what the budget held.
+func (pl *DynamicMIG) isSchedulableAfterBudgetChange(logger klog.Logger, pod *v1.Pod, oldObj, newObj any) (fwk.QueueingHint, error) {
+	if newObj == nil {
+		logger.V(5).Info("Disruption budget deleted", "pod", klog.KObj(pod))
+		return fwk.Queue, nil
+	}
+	before, okOld := disruptionsAllowed(oldObj)
+	now, okNew := disruptionsAllowed(newObj)
+	if !okOld || !okNew || now > before {
+		logger.V(5).Info("Disruption budget allows more", "pod", klog.KObj(pod), "before", before, "now", now)
+		return fwk.Queue, nil
+	}
+	return fwk.QueueSkip, nil
+}
+
+// disruptionsAllowed is a PodDisruptionBudget's status.disruptionsAllowed, typed or as the
+// dynamic informer delivers it.
+func disruptionsAllowed(obj any) (int64, bool) {
+	switch o := obj.(type) {
+	case *policyv1.PodDisruptionBudget:
+		return int64(o.Status.DisruptionsAllowed), true
+	case *unstructured.Unstructured:
+		n, _, err := unstructured.NestedInt64(o.Object, "status", "disruptionsAllowed")
+		return n, err == nil
+	}
+	return 0, false
 }
 
 func (pl *DynamicMIG) isSchedulableAfterNodeChange(logger klog.Logger, pod *v1.Pod, oldObj, newObj any) (fwk.QueueingHint, error) {

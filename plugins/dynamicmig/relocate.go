@@ -69,11 +69,17 @@ func (pl *DynamicMIG) PostFilter(ctx context.Context, state fwk.CycleState, pod 
 		st := statuses.Get(ni.Node().Name)
 		return st == nil || st.Plugin() != Name
 	})
-	plan, recent := pl.planRelocation(ctx, pod, s, candidates, time.Now())
+	plan, recent, until := pl.planRelocation(ctx, pod, s, candidates, time.Now())
 	if plan == nil {
 		msg := "no relocation of relocatable pods makes room"
 		if len(recent) > 0 {
 			msg += fmt.Sprintf(" (pods of %s are not moved again within %v of their last relocation)", strings.Join(recent, ", "), pl.args.Relocation.Interval.Duration)
+			// The interval running out is no cluster event: the pod is tried again then.
+			logger := klog.FromContext(ctx)
+			pl.relocated.wakeAt(pod.UID, until, func() {
+				logger.V(4).Info("Relocation interval over; activating the pod", "pod", klog.KObj(pod))
+				pl.handle.Activate(logger, map[string]*v1.Pod{pod.Namespace + "/" + pod.Name: pod})
+			})
 		}
 		return nil, fwk.NewStatus(fwk.Unschedulable, msg)
 	}
@@ -91,17 +97,18 @@ type relocationPlan struct {
 }
 
 // planRelocation finds, over the candidate nodes in name order, the relocation that moves
-// the fewest pods (placement.Relocate on each node), or nil and the controllers ("Kind
+// the fewest pods (placement.Relocate on each node), or nil, the controllers ("Kind
 // namespace/name", sorted) whose pods it did not consider because they were relocated
-// within the interval.
-func (pl *DynamicMIG) planRelocation(ctx context.Context, pod *v1.Pod, s *stateData, candidates []fwk.NodeInfo, now time.Time) (*relocationPlan, []string) {
+// within the interval, and when the first of them may be moved again.
+func (pl *DynamicMIG) planRelocation(ctx context.Context, pod *v1.Pod, s *stateData, candidates []fwk.NodeInfo, now time.Time) (*relocationPlan, []string, time.Time) {
 	logger := klog.FromContext(ctx)
 	all, err := pl.handle.SnapshotSharedLister().NodeInfos().List()
 	if err != nil {
 		logger.Error(err, "Listing nodes for a relocation")
-		return nil, nil
+		return nil, nil, time.Time{}
 	}
 	recent := map[string]bool{}
+	var until time.Time
 	slices.SortFunc(candidates, func(a, b fwk.NodeInfo) int { return strings.Compare(a.Node().Name, b.Node().Name) })
 	var best *relocationPlan
 	for _, ni := range candidates {
@@ -116,8 +123,12 @@ func (pl *DynamicMIG) planRelocation(ctx context.Context, pod *v1.Pod, s *stateD
 			if !request.Relocatable(q, pod) {
 				continue
 			}
-			if owner := metav1.GetControllerOf(q); pl.relocated.recently(owner.UID, now, pl.args.Relocation.Interval.Duration) {
+			owner := metav1.GetControllerOf(q)
+			if t, held := pl.relocated.heldUntil(owner.UID, now, pl.args.Relocation.Interval.Duration); held {
 				recent[owner.Kind+" "+q.Namespace+"/"+owner.Name] = true
+				if until.IsZero() || t.Before(until) {
+					until = t
+				}
 				continue
 			}
 			m, ok := pl.movable(q, gpus)
@@ -155,9 +166,9 @@ func (pl *DynamicMIG) planRelocation(ctx context.Context, pod *v1.Pod, s *stateD
 		}
 	}
 	if best != nil {
-		return best, nil
+		return best, nil, time.Time{}
 	}
-	return nil, slices.Sorted(maps.Keys(recent))
+	return nil, slices.Sorted(maps.Keys(recent)), until
 }
 
 // movable is what a relocatable pod q holds on the node's GPUs (placement.MovableOf).
@@ -310,16 +321,33 @@ func (pl *DynamicMIG) stillLeaving(pod *v1.Pod) string {
 	return keys(left)
 }
 
-// relocationLog remembers when each controller's pods were last relocated, and the
-// relocations under way, by the pod they make room for.
+// relocationLog remembers when each controller's pods were last relocated, the relocations
+// under way, by the pod they make room for, and the pods waiting for an interval to end.
 type relocationLog struct {
-	mu     sync.Mutex
-	at     map[types.UID]time.Time
-	moving map[types.UID]*relocationPlan
+	mu      sync.Mutex
+	at      map[types.UID]time.Time
+	moving  map[types.UID]*relocationPlan
+	waiting map[types.UID]*time.Timer
 }
 
 func newRelocationLog() *relocationLog {
-	return &relocationLog{at: map[types.UID]time.Time{}, moving: map[types.UID]*relocationPlan{}}
+	return &relocationLog{at: map[types.UID]time.Time{}, moving: map[types.UID]*relocationPlan{}, waiting: map[types.UID]*time.Timer{}}
+}
+
+// wakeAt calls wake at t for pod, once: a pod already waiting keeps its time (the earliest
+// interval end it was told, which later tries only confirm or bring nearer by a tick).
+func (l *relocationLog) wakeAt(pod types.UID, t time.Time, wake func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.waiting[pod]; ok {
+		return
+	}
+	l.waiting[pod] = time.AfterFunc(time.Until(t), func() {
+		l.mu.Lock()
+		delete(l.waiting, pod)
+		l.mu.Unlock()
+		wake()
+	})
 }
 
 func (l *relocationLog) start(pod types.UID, plan *relocationPlan) {
@@ -354,9 +382,14 @@ func (l *relocationLog) mark(owner types.UID, now time.Time, interval time.Durat
 	l.at[owner] = now
 }
 
-func (l *relocationLog) recently(owner types.UID, now time.Time, interval time.Duration) bool {
+// heldUntil says whether owner's pods were relocated within the interval before now, and
+// until when they are held.
+func (l *relocationLog) heldUntil(owner types.UID, now time.Time, interval time.Duration) (time.Time, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t, ok := l.at[owner]
-	return ok && now.Sub(t) < interval
+	if !ok || now.Sub(t) >= interval {
+		return time.Time{}, false
+	}
+	return t.Add(interval), true
 }

@@ -1,6 +1,7 @@
 package dynamicmig
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
@@ -9,10 +10,12 @@ import (
 	v1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
@@ -143,16 +146,25 @@ func TestRelocation(t *testing.T) {
 
 	t.Run("within the interval", func(t *testing.T) {
 		w := newRelocationWorld(t, on(), a(), b())
-		for _, owner := range []string{"rs-a", "rs-b"} {
-			w.pl.relocated.mark(types.UID("uid-"+owner), time.Now(), config.DefaultRelocationInterval)
+		// rs-b's interval ends in half a second, rs-a's in ten minutes.
+		interval := config.DefaultRelocationInterval
+		w.pl.relocated.mark("uid-rs-a", time.Now(), interval)
+		w.pl.relocated.mark("uid-rs-b", time.Now().Add(-interval+500*time.Millisecond), interval)
+		var res *fwk.PostFilterResult
+		var st *fwk.Status
+		if !w.activator.waitFor(t, "default/p", func() { res, st = w.postFilter("p", 0) }) {
+			t.Error("p was not activated when rs-b's interval ended")
 		}
-		res, st := w.postFilter("p", 0)
 		if st.IsSuccess() || res != nil || len(w.evictions()) > 0 {
 			t.Fatalf("PostFilter: %v, %+v, evicted %v; want no relocation", st, res, w.evictions())
 		}
 		want := "(pods of ReplicaSet default/rs-a, ReplicaSet default/rs-b are not moved again within 10m0s of their last relocation)"
 		if msg := st.Message(); !strings.Contains(msg, want) {
 			t.Errorf("reason %q, want it to say %q", msg, want)
+		}
+		// Past rs-b's interval, b moves.
+		if res, st := w.postFilter("p", 0); !st.IsSuccess() || res == nil || !slices.Equal(w.evictions(), []string{"b"}) {
+			t.Errorf("after rs-b's interval: %v, evicted %v; want b", st, w.evictions())
 		}
 	})
 
@@ -250,5 +262,46 @@ func TestNominatedRoomHeld(t *testing.T) {
 	r, _ := e.pl.reservations.get(c.UID)
 	if a := r.result.Assignments[0]; a.GPUUUID != inv[1].ID {
 		t.Errorf("c reserved %s at %s of GPU %s: the room held for big is [4,8) of GPU %s", a.Profile, a.Placement, a.GPUUUID, inv[0].ID)
+	}
+}
+
+// TestBudgetHint: with relocation on, DynamicMIG requeues a pod it refused when a disruption
+// budget is deleted or allows more disruptions (the dynamic informer's objects are
+// unstructured), not when it allows as many or fewer; with relocation off it does not watch
+// budgets.
+func TestBudgetHint(t *testing.T) {
+	has := func(pl *DynamicMIG) bool {
+		events, err := pl.EventsToRegister(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(events, func(e fwk.ClusterEventWithHint) bool { return e.Event.Resource == disruptionBudgets })
+	}
+	n := gpuNode(t, "n", api.ModeMIG, "A100-40GB")
+	if has(newEnv(t, nil, []*v1.Node{n}).pl) {
+		t.Error("budgets watched with relocation off")
+	}
+	pl := newEnv(t, &config.DynamicMIGArgs{Relocation: config.RelocationArgs{Enabled: true}}, []*v1.Node{n}).pl
+	if !has(pl) {
+		t.Fatal("budgets not watched with relocation on")
+	}
+	budget := func(allowed int64) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+			"metadata": map[string]any{"name": "web", "namespace": "default"}, "status": map[string]any{"disruptionsAllowed": allowed}}}
+	}
+	p := gpuPod("p", api.ModeMIG, [2]int{1, 19000})
+	for _, tc := range []struct {
+		name     string
+		old, new any
+		want     fwk.QueueingHint
+	}{
+		{"allows more", budget(0), budget(1), fwk.Queue},
+		{"allows as many", budget(1), budget(1), fwk.QueueSkip},
+		{"allows fewer", budget(1), budget(0), fwk.QueueSkip},
+		{"deleted", budget(0), nil, fwk.Queue},
+	} {
+		if got, _ := pl.isSchedulableAfterBudgetChange(klog.Background(), p, tc.old, tc.new); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
