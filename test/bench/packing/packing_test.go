@@ -212,7 +212,7 @@ func TestSmoke(t *testing.T) {
 	var md, svg strings.Builder
 	rep.WriteMarkdown(&md, Machine{Cores: 1, CPU: "test", Command: "test", At: "now"})
 	rep.WriteSVG(&svg)
-	for _, want := range []string{"Weng et al.", "## What holds", "## Inflation fill", "## Queueing replay", "## Static fill vs optimal", "## Secondary: drop-on-arrival replay", "hami-main", "per-GPU packing bound", "Relocation: the same replays"} {
+	for _, want := range []string{"Weng et al.", "## What holds", "## Inflation fill", "## Queueing replay", "## Static fill vs optimal", "## Secondary: drop-on-arrival replay", "hami-main", "per-GPU packing bound", "Relocation: the same replays", "Relocation (dynamig with relocation on"} {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("report has no %q", want)
 		}

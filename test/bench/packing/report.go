@@ -265,6 +265,7 @@ func (r *Report) writeSummary(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
+	r.writeRelocationSummary(w)
 	all := r.Comparisons()
 	short := shortfalls(all)
 	if len(short) == 0 {
@@ -470,6 +471,38 @@ func (r *Report) writeRelocation(w io.Writer, p QueuePanel) {
 	writeMeans(w, names, runs, relocationFigures)
 	fmt.Fprintf(w, "\nPaired, relocation − each ± standard error (wins/ties/losses):\n\n")
 	writePaired(w, names, runs, queueFigures)
+}
+
+// writeRelocationSummary states, per queueing panel, what relocation changed against
+// dynamig on the same replays and what it cost.
+func (r *Report) writeRelocationSummary(w io.Writer) {
+	if r.Config.RelocatableShare <= 0 || len(r.Queue) == 0 {
+		return
+	}
+	figs := []figure[QueueOutcome]{figUtilArrivals, figMeanWait, queueFigures[3]}
+	cost := relocationFigures[len(queueFigures):]
+	fmt.Fprintf(w, "Relocation (dynamig with relocation on, %.0f %% of the pods relocatable, on the same replays): relocation − dynamig ± standard error (wins/ties/losses), and what it cost (mean over the replays).\n\n", 100*r.Config.RelocatableShare)
+	fmt.Fprintf(w, "| workload | cluster |")
+	for _, f := range append(figs, cost...) {
+		fmt.Fprintf(w, " %s |", f.name)
+	}
+	fmt.Fprintf(w, "\n|---|---|%s\n", strings.Repeat("---:|", len(figs)+len(cost)))
+	for _, p := range r.Queue {
+		if p.Relocating == nil {
+			continue
+		}
+		runs := [][]QueueOutcome{p.Relocating, p.Runs[0]}
+		fmt.Fprintf(w, "| %s | %d × %s |", p.Workload, p.GPUs, p.Cluster)
+		for _, f := range figs {
+			fmt.Fprintf(w, " %s |", f.format(f.paired(runs, 1)))
+		}
+		for _, f := range cost {
+			m, _ := meanSD(values(p.Relocating, f.of))
+			fmt.Fprintf(w, " %.3g |", m)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "\nWaits are in each panel's unit (hours for the traces, mean lifetimes for the generated mixes), as are relocations per unit of time.\n\n")
 }
 
 // compareSizeLabels orders "1g" < "2g" < … < "2×7g" < "4×7g".
