@@ -231,8 +231,9 @@ kubectl:
 bench-allocator:
 	hack/bench-allocator.sh
 
-# Placement-quality benchmark (trace replay, synthetic churn, static fill vs optimal), written
-# to docs/benchmarks/packing.md and packing.svg; a few minutes on 2 cores.
+# Placement-quality benchmark (inflation fill, queueing replay with its relocation variant,
+# static fill vs optimal, drop-on-arrival replay), written to docs/benchmarks/packing.md and
+# packing.svg; about 16 minutes on 2 cores.
 bench-packing:
 	$(GO) run ./test/bench/packing/cmd -out docs/benchmarks
 
