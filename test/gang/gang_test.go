@@ -78,6 +78,10 @@ func start(t *testing.T, nodes ...string) *world {
 	if w.dyn, err = dynamic.NewForConfig(w.SB.RestConfig()); err != nil {
 		t.Fatal(err)
 	}
+	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: lowPriorityClass}, Value: -10}
+	if _, err := w.C.SchedulingV1().PriorityClasses().Create(w.Ctx, pc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	return w
 }
 
@@ -228,15 +232,13 @@ func TestGangHoldsItsRoom(t *testing.T) {
 	}
 }
 
-// lowPriority gives the pod a priority class below the default's (created once), so that
-// it can preempt nothing.
+// lowPriorityClass is a priority class below the default's, which start creates: the API
+// server's priority admission knows it by the time a test creates a pod of it.
+const lowPriorityClass = "low"
+
+// lowPriority gives the pod lowPriorityClass, so that it can preempt nothing.
 func (w *world) lowPriority(p *v1.Pod) *v1.Pod {
-	w.T.Helper()
-	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "low"}, Value: -10}
-	if _, err := w.C.SchedulingV1().PriorityClasses().Create(w.Ctx, pc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		w.T.Fatal(err)
-	}
-	p.Spec.PriorityClassName = pc.Name
+	p.Spec.PriorityClassName = lowPriorityClass
 	return p
 }
 
