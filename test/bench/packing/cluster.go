@@ -175,18 +175,6 @@ func NewState(c *Cluster) *State {
 	return st
 }
 
-// clone is a copy of the state that shares nothing written.
-func (st *State) clone() *State {
-	out := &State{C: st.C, Nodes: make([][]placement.GPU, len(st.Nodes))}
-	for n, gpus := range st.Nodes {
-		out.Nodes[n] = slices.Clone(gpus)
-		for i := range gpus {
-			out.Nodes[n][i].MIG = slices.Clone(gpus[i].MIG)
-		}
-	}
-	return out
-}
-
 // Apply reserves the allocations.
 func (st *State) Apply(as []Alloc) {
 	for _, a := range as {
