@@ -23,16 +23,31 @@ func CPUModel() string {
 	return "unknown CPU"
 }
 
-// Command is the command line that ran a benchmark, as a shell would take it back: prefix
-// (e.g. "go run ./test/bench/packing/cmd") and os.Args[1:], each quoted when it is empty or
-// holds characters a shell would interpret.
+// runtimeEnv are the variables of the environment that change how the Go runtime runs a
+// benchmark (its collector, its threads): a command that ran with them says so.
+var runtimeEnv = []string{"GOGC", "GOMEMLIMIT", "GOMAXPROCS"}
+
+// Command is the command line that ran a benchmark, as a shell would take it back: the
+// runtime variables set in the environment (runtimeEnv), prefix (e.g. "go run
+// ./test/bench/packing/cmd") and os.Args[1:], each quoted when it is empty or holds
+// characters a shell would interpret.
 func Command(prefix string) string {
-	parts := []string{prefix}
-	for _, a := range os.Args[1:] {
-		if a == "" || strings.ContainsAny(a, " \t\n'\"\\$`*?[]{}()<>|&;#~!") {
-			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	var parts []string
+	for _, k := range runtimeEnv {
+		if v, ok := os.LookupEnv(k); ok {
+			parts = append(parts, k+"="+quote(v))
 		}
-		parts = append(parts, a)
+	}
+	parts = append(parts, prefix)
+	for _, a := range os.Args[1:] {
+		parts = append(parts, quote(a))
 	}
 	return strings.Join(parts, " ")
+}
+
+func quote(a string) string {
+	if a == "" || strings.ContainsAny(a, " \t\n'\"\\$`*?[]{}()<>|&;#~!") {
+		return "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return a
 }
