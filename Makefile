@@ -73,7 +73,7 @@ FUZZ_TARGETS := \
 	./nvml/sim:FuzzRestore:6000x \
 	./webhook/mutation:FuzzDecide
 
-.PHONY: all build kubelet test test-minors test-previews minors-run test-minor test-kubelet test-preview modfiles print-k8s unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-burst kubectl
+.PHONY: all build kubelet test test-minors test-previews minors-run test-minor test-kubelet test-preview modfiles print-k8s unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-throughput-floor bench-burst kubectl
 
 all: build
 
@@ -260,6 +260,12 @@ bench-throughput-extender:
 # 10), 500 and 1000 nodes, QPS 5000, written to docs/benchmarks/sampled/ (~5 minutes).
 bench-throughput-sampled:
 	$(TIMED) $(GO) run ./test/bench/throughput/cmd -out docs/benchmarks/sampled -nodes 500,1000 -qps 5000/5000 -scenarios a,g,b -cpuprofile '' -percentage-of-nodes-to-score 10
+
+# The floor: (a) and (b) beside (h) and (i), no scheduler (the harness binds CPU and GPU pods,
+# deciding nothing), 100 and 500 nodes, QPS 5000, 5 rounds, with each pod's CPU cost,
+# written to docs/benchmarks/floor/ (~20 minutes).
+bench-throughput-floor:
+	$(TIMED) $(GO) run ./test/bench/throughput/cmd -out docs/benchmarks/floor -nodes 100,500 -qps 5000/5000 -rounds 5 -scenarios a,h,i,b -cpuprofile '' -mixed ''
 
 # A burst of 56 one-slice pods at one node of 8 A100-40GB on the whole sandbox, NVML taking
 # 1.5 s per GPU-instance create, three runs, written to docs/benchmarks/burst.md (~3 minutes).

@@ -84,15 +84,18 @@ func newNodeTemplate() (*nodeTemplate, error) {
 func (t *nodeTemplate) inventoryFor(n int) string {
 	pairs := make([]string, 0, 2*len(t.uuids))
 	for i, u := range t.uuids {
-		repl := u
-		if len(u) > 12 {
-			repl = u[:len(u)-12] + fmt.Sprintf("%08x%04x", n, i)
-		} else {
-			repl = fmt.Sprintf("%s-%d", u, n)
-		}
-		pairs = append(pairs, u, repl)
+		pairs = append(pairs, u, t.uuidFor(n, i))
 	}
 	return strings.NewReplacer(pairs...).Replace(t.raw)
+}
+
+// uuidFor is the UUID of GPU i of node number n.
+func (t *nodeTemplate) uuidFor(n, i int) string {
+	u := t.uuids[i]
+	if len(u) > 12 {
+		return u[:len(u)-12] + fmt.Sprintf("%08x%04x", n, i)
+	}
+	return fmt.Sprintf("%s-%d", u, n)
 }
 
 func nodeName(n int) string { return fmt.Sprintf("tp-node-%05d", n) }
@@ -213,6 +216,8 @@ const (
 	// Extender is DefaultPlugins with the allocator behind an HTTP scheduler extender
 	// (HAMi's architecture; see extender).
 	Extender
+	// NoScheduler runs no scheduler: the harness's binder binds each pod (see binder).
+	NoScheduler
 )
 
 // defaultOnlyDropped are the pluginConfig entries DefaultPlugins drops: DynamicMIG's, and

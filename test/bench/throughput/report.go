@@ -57,6 +57,9 @@ func (r *Report) roundRates(nodes int, q QPS, key string) string {
 	return strings.Join(parts, ", ")
 }
 
+// cpuMS is a CPU time per pod in milliseconds, to the hundredth.
+func cpuMS(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
 
 // WriteMarkdown writes the report as docs/benchmarks/throughput.md.
@@ -94,7 +97,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		"(f): (b) plus the device plugin's write for each pod (below), made in the same process. "+
 		"(g), a reference: (b)'s GPU pods under (a)'s default plugins, batching off: kube-scheduler's own cost for a pod with extended resources "+
 		"(NodeResourcesFit validates each extended resource name on every node it filters) that is never batched; (b)/(g) is what DynamicMIG adds to it, "+
-		"or saves (batching, and Fit's name validation taken away).\n")
+		"or saves (batching, and Fit's name validation taken away).%s\n", r.floorSetup())
 	fmt.Fprintf(w, "- Each scenario runs on a control plane of its own (etcd and API server started, nodes created, the Go heap collected after it stops) "+
 		"and a scheduler of its own, so that none runs on another's history: with one control plane for the whole run, the API server's watch cache "+
 		"kept every scenario's pod events after its pods were deleted (the live heap grew 490, 856, 1095 MiB after three scenarios at 1000 nodes), "+
@@ -119,6 +122,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		"**latency** = from a pod's create request to its binding seen by the watch; "+
 		"**writes/pod** = the scheduler's writes (audit log at the API server, user `%s`, successful writes only, events excluded and listed apart) ÷ pods bound; **refused write attempts** = the scheduler's writes the server answered with an error (a Binding whose request failed under load, though it may have been applied), not in writes/pod; "+
 		"**stand-in writes** = the stand-in device plugin's successful writes; "+
+		"**CPU per pod** = the whole process's CPU time (user and system, getrusage) from the first create to the last pod seen bound, ÷ pods bound: what a pod costs the process, all its parts together (the process is CPU bound at QPS 5000: its 2 cores are busy 197–198 %% of the span in the CPU profiles); "+
 		"**peak RSS** = VmHWM of /proc/self/status of the whole process (etcd, API server, scheduler and harness together), "+
 		"reset before each scenario's pods are created (`echo 5 > /proc/self/clear_refs`)%s. klog verbosity 0, logs to a file.\n\n",
 		cluster.UserScheduler, rssNote(r))
@@ -126,8 +130,8 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 	nodes := r.nodes()
 	for _, q := range r.Config.QPS {
 		fmt.Fprintf(w, "## Client QPS %s\n\n", q)
-		fmt.Fprintf(w, "| nodes | scenario | pods bound | span | pods/s | ratio to (a) | each round's pods/s (ratio to (a)'s) | p50 | p99 | scheduler writes/pod | refused write attempts | events | stand-in writes | peak RSS |\n")
-		fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(w, "| nodes | scenario | pods bound | span | pods/s | ratio to (a) | each round's pods/s (ratio to (a)'s) | CPU per pod | p50 | p99 | scheduler writes/pod | refused write attempts | events | stand-in writes | peak RSS |\n")
+		fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, n := range nodes {
 			a := r.find(n, q, "a")
 			for _, sc := range Scenarios {
@@ -143,8 +147,8 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 				if x.Incomplete {
 					boundCell = "**" + boundCell + " (timeout)**"
 				}
-				fmt.Fprintf(w, "| %d | (%s) %s | %s | %.1f s | %.1f | %s | %s | %s | %s | %.2f (%s) | %d (%s) | %d | %d | %d MiB |\n",
-					n, sc.Key, sc.Name, boundCell, x.Span.Seconds(), x.PodsPerSec, ratio, r.roundRates(n, q, sc.Key), ms(x.P50), ms(x.P99),
+				fmt.Fprintf(w, "| %d | (%s) %s | %s | %.1f s | %.1f | %s | %s | %s | %s | %s | %.2f (%s) | %d (%s) | %d | %d | %d MiB |\n",
+					n, sc.Key, sc.Name, boundCell, x.Span.Seconds(), x.PodsPerSec, ratio, r.roundRates(n, q, sc.Key), cpuMS(x.CPUPerPod()), ms(x.P50), ms(x.P99),
 					float64(x.WritesTotal)/float64(max(x.Bound, 1)), writesBreakdown(x.Writes), x.RefusedTotal, writesBreakdown(x.Refused), x.Events, x.StandInWrites, x.PeakRSSKiB/1024)
 			}
 		}
@@ -167,6 +171,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 			fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n, q, ratio(b, a), ratio(c, a), ratio(d, a), ratio(b, d), ratio(e, a), ratio(b, e), ratio(f, a), ratio(g, a), ratio(b, g))
 		}
 	}
+	r.writeFloor(w, nodes)
 	r.writeMixed(w)
 	fmt.Fprintf(w, "\nPeak RSS of the whole run (VmHWM, largest seen): %d MiB.\n\n", r.PeakRSSKiB/1024)
 	if r.Config.CPUProfile != "" {
@@ -301,4 +306,49 @@ func (r *Report) writeMixed(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nGPU pods' rate over CPU pods' rate: %s. dynamig-scheduler's writes: %.2f per GPU pod (%s).\n",
 		ratio, float64(gpu.WritesTotal)/float64(max(gpu.Bound, 1)), writesBreakdown(gpu.Writes))
+}
+
+// ran reports whether scenario key ran.
+func (r *Report) ran(key string) bool {
+	return slices.ContainsFunc(r.Results, func(x Result) bool { return x.Scenario.Key == key })
+}
+
+// floorSetup describes the floor scenarios (h) and (i) when they ran.
+func (r *Report) floorSetup() string {
+	if !r.ran("h") && !r.ran("i") {
+		return ""
+	}
+	return " (h) and (i), the floor: no scheduler runs; the harness's binder (`test/bench/throughput/binder.go`, as the scheduler's user, " +
+		"the scheduler's client QPS) receives the pods as kube-scheduler does (a protobuf pod informer, terminal pods left out) and binds each unbound one " +
+		"to the next node in turn, deciding nothing and writing no event; (h) CPU pods with a plain Binding, (i) GPU pods with a Binding that carries " +
+		"what DynamicMIG's carries (a 1g.5gb reservation on one of the node's GPUs, the node, bind time and phase, a signature of the same length, computed once). " +
+		"What a pod costs the process there is what any scheduler of that pod makes it spend at least (the create, the watch events, the Binding, etcd): " +
+		"(i)−(h) is what the GPU pod's bigger objects cost the API server, etcd and the watches, and (a)−(h), (b)−(i) what each scheduler adds to its pods' floor."
+}
+
+// writeFloor is the floor section: each pod's CPU cost against its floor, when (h) and (i) ran.
+func (r *Report) writeFloor(w io.Writer, nodes []int) {
+	if !r.ran("h") || !r.ran("i") {
+		return
+	}
+	fmt.Fprintf(w, "\n## What a scheduler adds to its pods' floor\n\n"+
+		"CPU per pod of the median rounds (table above), in ms; (a)−(h) and (b)−(i) are what kube-scheduler's default profile adds to a CPU pod and dynamig-scheduler to a GPU pod "+
+		"(scheduling, its informers, its events, its Binding's client side, the garbage they make), (i)−(h) what the GPU pod's bigger objects add at the floor. "+
+		"(b)/(a) ≥ 1 needs (b)−(i) ≤ (a)−(h) − ((i)−(h)): dynamig-scheduler must add less to a GPU pod than the default profile adds to a CPU pod, by what the GPU pod's objects cost more. "+
+		"(i)/(a) is the most any scheduler of these GPU pods could reach against (a) here, adding nothing.\n\n")
+	fmt.Fprintf(w, "| nodes | QPS | (a) | (h) | (a)−(h) | (b) | (i) | (b)−(i) | (i)−(h) | (h) pods/s | (i) pods/s | (i)/(h) | (i)/(a) | (b)/(a) |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, q := range r.Config.QPS {
+		for _, n := range nodes {
+			a, b, h, i := r.find(n, q, "a"), r.find(n, q, "b"), r.find(n, q, "h"), r.find(n, q, "i")
+			if a == nil || b == nil || h == nil || i == nil {
+				continue
+			}
+			d := func(x, y *Result) string {
+				return fmt.Sprintf("%.2f", float64(x.CPUPerPod()-y.CPUPerPod())/float64(time.Millisecond))
+			}
+			c := func(x *Result) string { return fmt.Sprintf("%.2f", float64(x.CPUPerPod())/float64(time.Millisecond)) }
+			fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.1f | %.2f | %.2f | %.2f |\n", n, q,
+				c(a), c(h), d(a, h), c(b), c(i), d(b, i), d(i, h), h.PodsPerSec, i.PodsPerSec, i.PodsPerSec/h.PodsPerSec, i.PodsPerSec/a.PodsPerSec, b.PodsPerSec/a.PodsPerSec)
+		}
+	}
 }

@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -69,7 +70,7 @@ var (
 
 // Scenario is one of the measured workloads.
 type Scenario struct {
-	Key     string // "a" to "g"
+	Key     string // "a" to "i"
 	Name    string
 	Profile Profile
 	GPU     bool
@@ -103,6 +104,8 @@ var Scenarios = []Scenario{
 	{Key: "f", Name: "DynamicMIG, GPU pods, with the stand-in device plugin's write", Profile: WithDynamicMIG, GPU: true, StandIn: true},
 	{Key: "g", Name: "default plugins, GPU pods (no DynamicMIG), batching off", Profile: DefaultPlugins, GPU: true, NoBatching: true},
 	{Key: "e", Name: "default plugins + the allocator as an HTTP extender, GPU pods", Profile: Extender, GPU: true},
+	{Key: "h", Name: "no scheduler, CPU pods: the harness binds each to the next node", Profile: NoScheduler},
+	{Key: "i", Name: "no scheduler, GPU pods: the harness binds each to the next node with DynamicMIG's annotations", Profile: NoScheduler, GPU: true},
 }
 
 // Config is one benchmark run.
@@ -186,7 +189,13 @@ type Result struct {
 	// /proc/self/clear_refs when the kernel allows; ResetRSS says whether it did).
 	PeakRSSKiB int64
 	ResetRSS   bool
+	// CPU is the whole process's CPU time (user and system, getrusage) from the first
+	// create to the last pod seen bound: what the scenario's pods cost the process.
+	CPU time.Duration
 }
+
+// CPUPerPod is the process's CPU time per pod bound (of all the scenario's classes).
+func (r *Result) CPUPerPod() time.Duration { return r.CPU / time.Duration(max(r.Bound, 1)) }
 
 // Report is a whole run.
 type Report struct {
@@ -218,7 +227,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	for _, key := range append(slices.Clone(cfg.Order), cmp.Or(cfg.ProfileScenario, "b")) {
 		if !slices.ContainsFunc(Scenarios, func(sc Scenario) bool { return sc.Key == key }) {
-			return nil, fmt.Errorf("throughput: no scenario %q (known: a, b, c, d, e)", key)
+			return nil, fmt.Errorf("throughput: no scenario %q (known: a to i)", key)
 		}
 	}
 	nodes := slices.Clone(cfg.Nodes)
@@ -261,7 +270,7 @@ func (rep *Report) runRound(ctx context.Context, cfg Config, tmpl *nodeTemplate,
 		return err
 	}
 	rep.noteSetup(e)
-	results, err := runScenario(ctx, e.cp, e.admin, e.dp, e.config, "", seq, n, q, sc, cfg, profile)
+	results, err := runScenario(ctx, e.cp, e.admin, e.dp, tmpl, e.config, "", seq, n, q, sc, cfg, profile)
 	e.stop()
 	if err != nil {
 		return err
@@ -390,7 +399,7 @@ func runMixed(ctx context.Context, tmpl *nodeTemplate, seq int, cfg Config, rep 
 	if err != nil {
 		return err
 	}
-	results, err := runScenario(ctx, e.cp, e.admin, e.dp, e.config, defaultConfig, seq+1, m.Nodes, q, MixedGPU, cfg, false)
+	results, err := runScenario(ctx, e.cp, e.admin, e.dp, tmpl, e.config, defaultConfig, seq+1, m.Nodes, q, MixedGPU, cfg, false)
 	if err != nil {
 		return err
 	}
@@ -413,9 +422,10 @@ type podClass struct {
 	prefix    string
 }
 
-// runScenario runs one scenario: a scheduler from schedConfig, and in the mixed cluster
-// (sc.Mixed) the default scheduler from besideConfig beside it; one result per class of pods.
-func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubernetes.Interface, schedConfig, besideConfig string,
+// runScenario runs one scenario: a scheduler from schedConfig (the binder instead where
+// sc.Profile is NoScheduler), and in the mixed cluster (sc.Mixed) the default scheduler from
+// besideConfig beside it; one result per class of pods.
+func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubernetes.Interface, tmpl *nodeTemplate, schedConfig, besideConfig string,
 	seq, nodes int, q QPS, sc Scenario, cfg Config, profile bool) (_ []*Result, err error) {
 	classes := []podClass{{sc: sc, scheduler: SchedulerName, prefix: "pod"}}
 	if sc.Mixed {
@@ -478,8 +488,12 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 	defer func() {
 		_ = utilfeature.DefaultMutableFeatureGate.SetFromMap(map[string]bool{string(features.OpportunisticBatching): true})
 	}()
-	stopSched, err := cluster.StartScheduler(ctx, cp, schedConfig)
-	if err != nil {
+	var stopSched func()
+	if sc.Profile == NoScheduler {
+		if stopSched, err = startFloor(ctx, cp, tmpl, ns, nodes, q, sc.GPU); err != nil {
+			return nil, err
+		}
+	} else if stopSched, err = cluster.StartScheduler(ctx, cp, schedConfig); err != nil {
 		return nil, err
 	}
 	stopBeside := func() {}
@@ -496,8 +510,12 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 			stopBeside()
 		}
 	}()
-	// Warm up: a scheduler has synced its caches once it binds a pod.
+	// Warm up: a scheduler has synced its caches once it binds a pod (the binder has once
+	// it starts).
 	for _, c := range classes {
+		if sc.Profile == NoScheduler {
+			break
+		}
 		warm := cpuPod(warmupNS, fmt.Sprintf("warmup-%d-%s", seq, c.prefix))
 		warm.Spec.SchedulerName = c.scheduler
 		if _, err := admin.CoreV1().Pods(warmupNS).Create(ctx, warm, metav1.CreateOptions{}); err != nil {
@@ -538,6 +556,7 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 	}
 
 	// Pod i is of class i mod the classes: a mixed scenario's classes are created side by side.
+	cpuBefore := processCPU()
 	since := time.Now()
 	created := make([]time.Time, total)
 	names := make([]string, total)
@@ -571,14 +590,14 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 	if profile {
 		pprof.StopCPUProfile()
 	}
-	peak := vmHWM()
+	peak, cpu := vmHWM(), processCPU()-cpuBefore
 	var results []*Result
 	for i, c := range classes {
 		after, err := readBatchCounts(c.scheduler)
 		if err != nil {
 			return nil, err
 		}
-		results = append(results, &Result{Nodes: nodes, QPS: q, Scenario: c.sc, Pods: cfg.Pods, PeakRSSKiB: peak, ResetRSS: resetRSS, Batch: after.since(batchBefore[i])})
+		results = append(results, &Result{Nodes: nodes, QPS: q, Scenario: c.sc, Pods: cfg.Pods, PeakRSSKiB: peak, ResetRSS: resetRSS, CPU: cpu, Batch: after.since(batchBefore[i])})
 	}
 	stopSched()
 	stopBeside()
@@ -793,6 +812,32 @@ func (cfg Config) scenarios() []Scenario {
 
 // protobuf is c speaking protobuf, as kube-scheduler's and the kubelet's clients do: the pod
 // creators' and watchers' encoding then costs the process what a component's would.
+// startFloor starts the binder of the floor scenarios for namespace ns, as the scheduler's
+// user, its client limited to q; the returned func stops it.
+func startFloor(ctx context.Context, cp *cluster.ControlPlane, tmpl *nodeTemplate, ns string, nodes int, q QPS, gpu bool) (func(), error) {
+	c := protobuf(cp.UserConfig(cluster.UserScheduler))
+	c.QPS, c.Burst = float32(q.QPS), q.Burst
+	client, err := kubernetes.NewForConfig(c)
+	if err != nil {
+		return nil, err
+	}
+	bctx, stop := context.WithCancel(ctx)
+	if _, err := startBinder(bctx, client, tmpl, ns, nodes, gpu); err != nil {
+		stop()
+		return nil, err
+	}
+	return stop, nil
+}
+
+// processCPU is the process's user and system CPU time so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 func protobuf(c *rest.Config) *rest.Config {
 	c.ContentType = "application/vnd.kubernetes.protobuf"
 	c.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"

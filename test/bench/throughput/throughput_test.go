@@ -14,7 +14,8 @@ import (
 
 // A tiny run of every scenario and of the mixed cluster: every pod is bound, each pod costs
 // exactly one scheduler write at the API server (its Binding, which for a GPU pod carries the
-// reservation; the mixed cluster's default scheduler writes as the admin, uncounted), and the
+// reservation; the mixed cluster's default scheduler writes as the admin, uncounted; the floor's
+// binder writes as the scheduler), and the
 // stand-in device plugin runs in (f) only, making one write per GPU pod.
 func TestSmoke(t *testing.T) {
 	if testing.Short() {
@@ -52,7 +53,7 @@ func TestSmoke(t *testing.T) {
 		if r.Bound != pods || r.Incomplete {
 			t.Errorf("(%s): %d of %d pods bound", r.Scenario.Key, r.Bound, pods)
 		}
-		if r.PodsPerSec <= 0 || r.P50 <= 0 || r.P99 < r.P50 || r.PeakRSSKiB <= 0 {
+		if r.PodsPerSec <= 0 || r.P50 <= 0 || r.P99 < r.P50 || r.PeakRSSKiB <= 0 || r.CPU <= 0 {
 			t.Errorf("(%s): implausible figures %+v", r.Scenario.Key, r)
 		}
 		if r.Scenario.Key == MixedCPU.Key {
@@ -73,7 +74,7 @@ func TestSmoke(t *testing.T) {
 	}
 	var md strings.Builder
 	rep.WriteMarkdown(&md, Machine{})
-	for _, want := range []string{cluster.StandInWrite, "## Batching", "## Mixed cluster", "GPU pods' rate over CPU pods' rate"} {
+	for _, want := range []string{cluster.StandInWrite, "## Batching", "## Mixed cluster", "GPU pods' rate over CPU pods' rate", "## What a scheduler adds to its pods' floor", "| 5 | 5000/5000 | "} {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("the report lacks %q:\n%s", want, md.String())
 		}
