@@ -58,7 +58,9 @@ func (r *Report) roundRates(nodes int, q QPS, key string) string {
 }
 
 // cpuMS is a CPU time per pod in milliseconds, to the hundredth.
-func cpuMS(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+func cpuMS(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
 
