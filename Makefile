@@ -262,10 +262,10 @@ bench-throughput-sampled:
 	$(TIMED) $(GO) run ./test/bench/throughput/cmd -out docs/benchmarks/sampled -nodes 500,1000 -qps 5000/5000 -scenarios a,g,b -cpuprofile '' -percentage-of-nodes-to-score 10
 
 # The floor: (a) and (b) beside (h) and (i), no scheduler (the harness binds CPU and GPU pods,
-# deciding nothing), 100 and 500 nodes, QPS 5000, 5 rounds, with each pod's CPU cost,
-# written to docs/benchmarks/floor/ (~20 minutes).
+# deciding nothing), 100 and 500 nodes, QPS 5000, 7 rounds, with each pod's CPU cost,
+# written to docs/benchmarks/floor/ (~15 minutes).
 bench-throughput-floor:
-	$(TIMED) $(GO) run ./test/bench/throughput/cmd -out docs/benchmarks/floor -nodes 100,500 -qps 5000/5000 -rounds 5 -scenarios a,h,i,b -cpuprofile '' -mixed ''
+	$(TIMED) $(GO) run ./test/bench/throughput/cmd -out docs/benchmarks/floor -nodes 100,500 -qps 5000/5000 -rounds 7 -scenarios a,h,i,b -cpuprofile '' -mixed ''
 
 # A burst of 56 one-slice pods at one node of 8 A100-40GB on the whole sandbox, NVML taking
 # 1.5 s per GPU-instance create, three runs, written to docs/benchmarks/burst.md (~3 minutes).

@@ -62,6 +62,34 @@ func cpuMS(d time.Duration) string {
 	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
 }
 
+// cpuPerPod is the median over the scenario's rounds of its CPU per pod (the lower middle one
+// of an even count), which need not be the median round's by pods/s, and each round's.
+func (r *Report) cpuPerPod(nodes int, q QPS, key string) (time.Duration, []time.Duration) {
+	var each []time.Duration
+	for _, x := range r.rounds(nodes, q, key) {
+		each = append(each, x.CPUPerPod())
+	}
+	if len(each) == 0 {
+		return 0, nil
+	}
+	sorted := slices.Clone(each)
+	slices.Sort(sorted)
+	return sorted[(len(sorted)-1)/2], each
+}
+
+// cpuCell is the scenario's median CPU per pod, with each round's when there are several.
+func (r *Report) cpuCell(nodes int, q QPS, key string) string {
+	median, each := r.cpuPerPod(nodes, q, key)
+	if len(each) < 2 {
+		return cpuMS(median)
+	}
+	parts := make([]string, len(each))
+	for i, d := range each {
+		parts[i] = fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%s (%s)", cpuMS(median), strings.Join(parts, ", "))
+}
+
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
 
 // WriteMarkdown writes the report as docs/benchmarks/throughput.md.
@@ -124,7 +152,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		"**latency** = from a pod's create request to its binding seen by the watch; "+
 		"**writes/pod** = the scheduler's writes (audit log at the API server, user `%s`, successful writes only, events excluded and listed apart) ÷ pods bound; **refused write attempts** = the scheduler's writes the server answered with an error (a Binding whose request failed under load, though it may have been applied), not in writes/pod; "+
 		"**stand-in writes** = the stand-in device plugin's successful writes; "+
-		"**CPU per pod** = the whole process's CPU time (user and system, getrusage) from the first create to the last pod seen bound, ÷ pods bound: what a pod costs the process, all its parts together (the process is CPU bound at QPS 5000: its 2 cores are busy 197–198 %% of the span in the CPU profiles); "+
+		"**CPU per pod** = the whole process's CPU time (user and system, getrusage) from the first create to the last pod seen bound, ÷ pods bound: what a pod costs the process, all its parts together (the process is CPU bound at QPS 5000: its 2 cores are busy 197–198 %% of the span in the CPU profiles); the median over the rounds (each round's in brackets), which need not be the median round's by pods/s; "+
 		"**peak RSS** = VmHWM of /proc/self/status of the whole process (etcd, API server, scheduler and harness together), "+
 		"reset before each scenario's pods are created (`echo 5 > /proc/self/clear_refs`)%s. klog verbosity 0, logs to a file.\n\n",
 		cluster.UserScheduler, rssNote(r))
@@ -150,7 +178,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 					boundCell = "**" + boundCell + " (timeout)**"
 				}
 				fmt.Fprintf(w, "| %d | (%s) %s | %s | %.1f s | %.1f | %s | %s | %s | %s | %s | %.2f (%s) | %d (%s) | %d | %d | %d MiB |\n",
-					n, sc.Key, sc.Name, boundCell, x.Span.Seconds(), x.PodsPerSec, ratio, r.roundRates(n, q, sc.Key), cpuMS(x.CPUPerPod()), ms(x.P50), ms(x.P99),
+					n, sc.Key, sc.Name, boundCell, x.Span.Seconds(), x.PodsPerSec, ratio, r.roundRates(n, q, sc.Key), r.cpuCell(n, q, sc.Key), ms(x.P50), ms(x.P99),
 					float64(x.WritesTotal)/float64(max(x.Bound, 1)), writesBreakdown(x.Writes), x.RefusedTotal, writesBreakdown(x.Refused), x.Events, x.StandInWrites, x.PeakRSSKiB/1024)
 			}
 		}
@@ -334,7 +362,7 @@ func (r *Report) writeFloor(w io.Writer, nodes []int) {
 		return
 	}
 	fmt.Fprintf(w, "\n## What a scheduler adds to its pods' floor\n\n"+
-		"CPU per pod of the median rounds (table above), in ms; (a)−(h) and (b)−(i) are what kube-scheduler's default profile adds to a CPU pod and dynamig-scheduler to a GPU pod "+
+		"CPU per pod, the median over the rounds (table above), in ms; (a)−(h) and (b)−(i) are what kube-scheduler's default profile adds to a CPU pod and dynamig-scheduler to a GPU pod "+
 		"(scheduling, its informers, its events, its Binding's client side, the garbage they make), (i)−(h) what the GPU pod's bigger objects add at the floor. "+
 		"(b)/(a) ≥ 1 needs (b)−(i) ≤ (a)−(h) − ((i)−(h)): dynamig-scheduler must add less to a GPU pod than the default profile adds to a CPU pod, by what the GPU pod's objects cost more. "+
 		"(i)/(a) is the most any scheduler of these GPU pods could reach against (a) here, adding nothing.\n\n")
@@ -345,12 +373,13 @@ func (r *Report) writeFloor(w io.Writer, nodes []int) {
 			if a == nil || b == nil || h == nil || i == nil {
 				continue
 			}
-			d := func(x, y *Result) string {
-				return fmt.Sprintf("%.2f", float64(x.CPUPerPod()-y.CPUPerPod())/float64(time.Millisecond))
+			cpu := func(key string) float64 {
+				median, _ := r.cpuPerPod(n, q, key)
+				return float64(median) / float64(time.Millisecond)
 			}
-			c := func(x *Result) string { return fmt.Sprintf("%.2f", float64(x.CPUPerPod())/float64(time.Millisecond)) }
-			fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.1f | %.2f | %.2f | %.2f |\n", n, q,
-				c(a), c(h), d(a, h), c(b), c(i), d(b, i), d(i, h), h.PodsPerSec, i.PodsPerSec, i.PodsPerSec/h.PodsPerSec, i.PodsPerSec/a.PodsPerSec, b.PodsPerSec/a.PodsPerSec)
+			ca, cb, ch, ci := cpu("a"), cpu("b"), cpu("h"), cpu("i")
+			fmt.Fprintf(w, "| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %.2f | %.2f | %.2f |\n", n, q,
+				ca, ch, ca-ch, cb, ci, cb-ci, ci-ch, h.PodsPerSec, i.PodsPerSec, i.PodsPerSec/h.PodsPerSec, i.PodsPerSec/a.PodsPerSec, b.PodsPerSec/a.PodsPerSec)
 		}
 	}
 }

@@ -130,6 +130,13 @@ func TestRounds(t *testing.T) {
 	if got, want := rep.roundRates(100, HighQPS, "b"), "330.0 (1.10), 360.0 (0.90), 420.0 (1.20)"; got != want {
 		t.Errorf("rounds of (b): %q, want %q", got, want)
 	}
+	for i, ms := range []time.Duration{4, 3, 5} {
+		rep.Results[2*i].CPU = ms * time.Millisecond * 1000
+		rep.Results[2*i].Bound = 1000
+	}
+	if got, want := rep.cpuCell(100, HighQPS, "a"), "4.00 ms (4.00, 3.00, 5.00)"; got != want {
+		t.Errorf("CPU per pod of (a): %q, want %q (the median of the rounds, which is not the median round's by pods/s)", got, want)
+	}
 	if rep.find(100, DefaultQPS, "a") != nil {
 		t.Error("found a result of a QPS that did not run")
 	}
