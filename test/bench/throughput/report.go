@@ -62,6 +62,23 @@ func cpuMS(d time.Duration) string {
 	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
 }
 
+// roundRatios is the median of the scenario's own ratios to (a) round by round (the lower
+// middle one of an even count) and their range, "—" without a round of both.
+func (r *Report) roundRatios(nodes int, q QPS, key string) string {
+	a, x := r.rounds(nodes, q, "a"), r.rounds(nodes, q, key)
+	var ratios []float64
+	for i := range min(len(a), len(x)) {
+		if a[i].PodsPerSec > 0 {
+			ratios = append(ratios, x[i].PodsPerSec/a[i].PodsPerSec)
+		}
+	}
+	if len(ratios) == 0 {
+		return "—"
+	}
+	slices.Sort(ratios)
+	return fmt.Sprintf("%.2f (%.2f–%.2f)", ratios[(len(ratios)-1)/2], ratios[0], ratios[len(ratios)-1])
+}
+
 // cpuPerPod is the median over the scenario's rounds of its CPU per pod (the lower middle one
 // of an even count), which need not be the median round's by pods/s, and each round's.
 func (r *Report) cpuPerPod(nodes int, q QPS, key string) (time.Duration, []time.Duration) {
@@ -187,7 +204,8 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 	r.writeBatching(w, nodes)
 	fmt.Fprintf(w, "A scenario marked *timeout* did not bind every pod within %s of its first create: its span ends at the timeout, "+
 		"its pods/s is the pods bound over that span, and its latencies are of the bound pods only.\n\n", r.timeout())
-	fmt.Fprintf(w, "## Ratios\n\n| nodes | QPS | (b)/(a) | (c)/(a) | (d)/(a) | (b)/(d) | (e)/(a) | (b)/(e) | (f)/(a) | (g)/(a) | (b)/(g) |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "## Ratios\n\nOf the median rounds; **(b)/(a) by round** is the median of the rounds' own ratios (each round's (b) over the same round's (a)) and their range.\n\n"+
+		"| nodes | QPS | (b)/(a) | (b)/(a) by round | (c)/(a) | (d)/(a) | (b)/(d) | (e)/(a) | (b)/(e) | (f)/(a) | (g)/(a) | (b)/(g) |\n|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	ratio := func(x, y *Result) string {
 		if x == nil || y == nil || y.PodsPerSec == 0 {
 			return "—"
@@ -198,7 +216,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		for _, q := range r.Config.QPS {
 			a, b, c, d, e := r.find(n, q, "a"), r.find(n, q, "b"), r.find(n, q, "c"), r.find(n, q, "d"), r.find(n, q, "e")
 			f, g := r.find(n, q, "f"), r.find(n, q, "g")
-			fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n, q, ratio(b, a), ratio(c, a), ratio(d, a), ratio(b, d), ratio(e, a), ratio(b, e), ratio(f, a), ratio(g, a), ratio(b, g))
+			fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n, q, ratio(b, a), r.roundRatios(n, q, "b"), ratio(c, a), ratio(d, a), ratio(b, d), ratio(e, a), ratio(b, e), ratio(f, a), ratio(g, a), ratio(b, g))
 		}
 	}
 	r.writeFloor(w, nodes)

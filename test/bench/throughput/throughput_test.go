@@ -137,6 +137,9 @@ func TestRounds(t *testing.T) {
 	if got, want := rep.cpuCell(100, HighQPS, "a"), "4.00 ms (4.00, 3.00, 5.00)"; got != want {
 		t.Errorf("CPU per pod of (a): %q, want %q (the median of the rounds, which is not the median round's by pods/s)", got, want)
 	}
+	if got, want := rep.roundRatios(100, HighQPS, "b"), "1.10 (0.90–1.20)"; got != want {
+		t.Errorf("round ratios of (b): %q, want %q", got, want)
+	}
 	if rep.find(100, DefaultQPS, "a") != nil {
 		t.Error("found a result of a QPS that did not run")
 	}
