@@ -144,7 +144,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		"(f): (b) plus the device plugin's write for each pod (below), made in the same process. "+
 		"(g), a reference: (b)'s GPU pods under (a)'s default plugins, batching off: kube-scheduler's own cost for a pod with extended resources "+
 		"(NodeResourcesFit validates each extended resource name on every node it filters) that is never batched; (b)/(g) is what DynamicMIG adds to it, "+
-		"or saves (batching, and Fit's name validation taken away).%s\n", r.floorSetup())
+		"or saves (batching, and Fit's name validation taken away). (j), a reference when run: (b) with batching off.%s\n", r.floorSetup())
 	fmt.Fprintf(w, "- Each scenario runs on a control plane of its own (etcd and API server started, nodes created, the Go heap collected after it stops) "+
 		"and a scheduler of its own, so that none runs on another's history: with one control plane for the whole run, the API server's watch cache "+
 		"kept every scenario's pod events after its pods were deleted (the live heap grew 490, 856, 1095 MiB after three scenarios at 1000 nodes), "+

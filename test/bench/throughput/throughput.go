@@ -9,7 +9,9 @@
 // CPU pods; (d) (a) with kube-scheduler's batching off; (e) the allocator behind an HTTP
 // scheduler extender, GPU pods; (f) (b) with the stand-in device plugin's writes; (g) the
 // GPU pods under the default plugins alone, batching off: what kube-scheduler itself spends
-// on a pod with extended resources that is never batched, without DynamicMIG. Each reports pods bound per second, creation-to-bound latency, the scheduler's
+// on a pod with extended resources that is never batched, without DynamicMIG; (j) (b) with
+// batching off; the floor (h) and (i): no scheduler, the harness binds CPU and GPU pods
+// deciding nothing (binder). Each reports pods bound per second, creation-to-bound latency, the scheduler's
 // writes counted at the API server (audit log), and the process's peak RSS.
 package throughput
 
@@ -104,6 +106,7 @@ var Scenarios = []Scenario{
 	{Key: "f", Name: "DynamicMIG, GPU pods, with the stand-in device plugin's write", Profile: WithDynamicMIG, GPU: true, StandIn: true},
 	{Key: "g", Name: "default plugins, GPU pods (no DynamicMIG), batching off", Profile: DefaultPlugins, GPU: true, NoBatching: true},
 	{Key: "e", Name: "default plugins + the allocator as an HTTP extender, GPU pods", Profile: Extender, GPU: true},
+	{Key: "j", Name: "DynamicMIG, GPU pods, batching off", Profile: WithDynamicMIG, GPU: true, NoBatching: true},
 	{Key: "h", Name: "no scheduler, CPU pods: the harness binds each to the next node", Profile: NoScheduler},
 	{Key: "i", Name: "no scheduler, GPU pods: the harness binds each to the next node with DynamicMIG's annotations", Profile: NoScheduler, GPU: true},
 }
@@ -481,7 +484,7 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 		factory.Shutdown()
 	}()
 
-	// (d) and (g) run with kube-scheduler's batching off.
+	// (d), (g) and (j) run with kube-scheduler's batching off.
 	if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(map[string]bool{string(features.OpportunisticBatching): !sc.NoBatching}); err != nil {
 		return nil, err
 	}
