@@ -11,8 +11,9 @@
 // GPU pods under the default plugins alone, batching off: what kube-scheduler itself spends
 // on a pod with extended resources that is never batched, without DynamicMIG; (j) (b) with
 // batching off; the floor (h) and (i): no scheduler, the harness binds CPU and GPU pods
-// deciding nothing (binder). Each reports pods bound per second, creation-to-bound latency, the scheduler's
-// writes counted at the API server (audit log), and the process's peak RSS.
+// deciding nothing (binder). Each reports pods bound per second, creation-to-bound latency,
+// the process's CPU time per pod, the scheduler's writes counted at the API server (audit
+// log), and the process's peak RSS.
 package throughput
 
 import (
@@ -72,7 +73,7 @@ var (
 
 // Scenario is one of the measured workloads.
 type Scenario struct {
-	Key     string // "a" to "i"
+	Key     string // "a" to "j"
 	Name    string
 	Profile Profile
 	GPU     bool
@@ -197,7 +198,8 @@ type Result struct {
 	CPU time.Duration
 }
 
-// CPUPerPod is the process's CPU time per pod bound (of all the scenario's classes).
+// CPUPerPod is the process's CPU time per pod bound. In the mixed cluster both classes
+// share the CPU time, so it is not reported there.
 func (r *Result) CPUPerPod() time.Duration { return r.CPU / time.Duration(max(r.Bound, 1)) }
 
 // Report is a whole run.
@@ -230,7 +232,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	for _, key := range append(slices.Clone(cfg.Order), cmp.Or(cfg.ProfileScenario, "b")) {
 		if !slices.ContainsFunc(Scenarios, func(sc Scenario) bool { return sc.Key == key }) {
-			return nil, fmt.Errorf("throughput: no scenario %q (known: a to i)", key)
+			return nil, fmt.Errorf("throughput: no scenario %q (known: a to j)", key)
 		}
 	}
 	nodes := slices.Clone(cfg.Nodes)
