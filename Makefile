@@ -263,7 +263,7 @@ bench-throughput-sampled:
 
 # The floor: (a) and (b) beside (h) and (i), no scheduler (the harness binds CPU and GPU pods,
 # deciding nothing), 100 and 500 nodes, QPS 5000, 7 rounds, with each pod's CPU cost,
-# written to docs/benchmarks/floor/ (~15 minutes).
+# written to docs/benchmarks/floor/ (~17 minutes).
 bench-throughput-floor:
 	$(TIMED) $(GO) run ./test/bench/throughput/cmd -out docs/benchmarks/floor -nodes 100,500 -qps 5000/5000 -rounds 7 -scenarios a,h,i,b -cpuprofile '' -mixed ''
 
