@@ -7,6 +7,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
@@ -51,6 +52,34 @@ func (c *inventoryCache) get(node *v1.Node) (gpus []api.GPU, ok bool, err error)
 		c.largest[""] = max(c.largest[""], m)
 	}
 	return gpus, true, err
+}
+
+// onNode decodes a Node's inventory as the informer delivers it (added, or updated with a
+// new annotation value), so that PreFilter and Filter find it decoded.
+func (c *inventoryCache) onNode(obj any) {
+	if n, ok := obj.(*v1.Node); ok {
+		_, _, _ = c.get(n)
+	}
+}
+
+// onNodeDelete forgets a deleted node's inventory.
+func (c *inventoryCache) onNodeDelete(obj any) {
+	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	if n, ok := obj.(*v1.Node); ok {
+		c.mu.Lock()
+		delete(c.nodes, n.Name)
+		c.mu.Unlock()
+	}
+}
+
+// decoded reports whether the node's inventory is decoded, for tests.
+func (c *inventoryCache) decoded(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.nodes[name]
+	return ok
 }
 
 // largestSeen is the most memory of one device of the mode ("" for either) seen so far.

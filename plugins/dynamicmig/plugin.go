@@ -70,7 +70,9 @@ type DynamicMIG struct {
 	// until then a node's heartbeat looks expired (the pods refused for it are activated as
 	// the Leases arrive; tests wait for it).
 	leasesRead func() bool
-	inventory  *inventoryCache
+	// nodesRead tells when the inventories of the Node informer's first list are decoded.
+	nodesRead func() bool
+	inventory *inventoryCache
 	// gpuNodes are the nodes with a GPU of each mode: PreFilter's result.
 	gpuNodes gpuNodes
 	// fits remembers each node's last fit (same request, same NodeInfo generation).
@@ -146,6 +148,19 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, fts feature.Feat
 	}
 	pl.leasesRead = leaseEvents.HasSynced
 	factory := h.SharedInformerFactory()
+	// Inventories are decoded as their Nodes arrive, not by the first GPU pod's PreFilter:
+	// kube-scheduler waits for the handlers' first sync before it schedules, so after a
+	// start the scheduling loop does not stop to decode every GPU node's inventory (0.18 s
+	// of CPU at 500 nodes of 8 GPUs).
+	nodeEvents, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    pl.inventory.onNode,
+		UpdateFunc: func(_, obj any) { pl.inventory.onNode(obj) },
+		DeleteFunc: pl.inventory.onNodeDelete,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: watching Nodes: %w", Name, err)
+	}
+	pl.nodesRead = nodeEvents.HasSynced
 	pl.podLister = factory.Core().V1().Pods().Lister()
 	quotas := factory.Core().V1().ResourceQuotas()
 	if _, err := quotas.Informer().AddEventHandler(pl.quotaHandler()); err != nil {

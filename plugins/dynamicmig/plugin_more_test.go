@@ -1,6 +1,7 @@
 package dynamicmig
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -16,7 +17,9 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	clienttesting "k8s.io/client-go/testing"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
@@ -825,5 +828,41 @@ func TestPodGroupCycle(t *testing.T) {
 		t.Fatalf("a single pod was placed on %s beside the held group", node)
 	} else if st := statuses["n"]; st == nil || !strings.Contains(st.Message(), string(placement.ReasonPlacementsTaken)) {
 		t.Errorf("the single pod's refusal: %v, want %q", st, placement.ReasonPlacementsTaken)
+	}
+}
+
+// Inventories are decoded as the Node informer delivers them, before any pod is scheduled
+// (kube-scheduler waits for the handlers' first sync), again when the annotation changes,
+// and forgotten with the node.
+func TestInventoryDecodedOnNodeEvents(t *testing.T) {
+	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n1", api.ModeMIG, "A100-40GB"), gpuNode(t, "n2", api.ModeMIG, "A100-40GB")})
+	if !toolscache.WaitForCacheSync(e.ctx.Done(), e.pl.nodesRead) {
+		t.Fatal("the Node handler did not sync")
+	}
+	for _, name := range []string{"n1", "n2"} {
+		if !e.pl.inventory.decoded(name) {
+			t.Errorf("the inventory of %s is not decoded before any pod was scheduled", name)
+		}
+	}
+	if got := e.pl.inventory.largestSeen(api.ModeMIG); got != 40192 {
+		t.Errorf("largest MIG device seen %d MiB, want 40192 (the 7g.40gb of an A100-40GB)", got)
+	}
+	// A node whose new inventory has an H100 is decoded again as the update arrives.
+	n1 := gpuNode(t, "n1", api.ModeMIG, "H100-80GB")
+	if _, err := e.client.CoreV1().Nodes().Update(e.ctx, n1, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(e.ctx, 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		return e.pl.inventory.largestSeen(api.ModeMIG) > 40192, nil
+	}); err != nil {
+		t.Errorf("the updated inventory of n1 was not decoded: largest MIG device seen %d MiB", e.pl.inventory.largestSeen(api.ModeMIG))
+	}
+	if err := e.client.CoreV1().Nodes().Delete(e.ctx, "n2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(e.ctx, 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		return !e.pl.inventory.decoded("n2"), nil
+	}); err != nil {
+		t.Error("the inventory of the deleted node n2 is still held")
 	}
 }
