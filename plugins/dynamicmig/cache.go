@@ -55,11 +55,18 @@ func (c *inventoryCache) get(node *v1.Node) (gpus []api.GPU, ok bool, err error)
 }
 
 // onNode decodes a Node's inventory as the informer delivers it (added, or updated with a
-// new annotation value), so that PreFilter and Filter find it decoded.
+// new annotation value), so that PreFilter and Filter find it decoded; a node that no longer
+// publishes one is forgotten.
 func (c *inventoryCache) onNode(obj any) {
-	if n, ok := obj.(*v1.Node); ok {
-		_, _, _ = c.get(n)
+	n, ok := obj.(*v1.Node)
+	if !ok {
+		return
 	}
+	if _, has := n.Annotations[api.NodeInventoryAnnotation]; !has {
+		c.forget(n.Name)
+		return
+	}
+	_, _, _ = c.get(n)
 }
 
 // onNodeDelete forgets a deleted node's inventory.
@@ -68,10 +75,14 @@ func (c *inventoryCache) onNodeDelete(obj any) {
 		obj = tomb.Obj
 	}
 	if n, ok := obj.(*v1.Node); ok {
-		c.mu.Lock()
-		delete(c.nodes, n.Name)
-		c.mu.Unlock()
+		c.forget(n.Name)
 	}
+}
+
+func (c *inventoryCache) forget(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.nodes, name)
 }
 
 // decoded reports whether the node's inventory is decoded, for tests.

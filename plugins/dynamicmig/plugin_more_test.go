@@ -833,7 +833,7 @@ func TestPodGroupCycle(t *testing.T) {
 
 // Inventories are decoded as the Node informer delivers them, before any pod is scheduled
 // (kube-scheduler waits for the handlers' first sync), again when the annotation changes,
-// and forgotten with the node.
+// and forgotten with the annotation or the node.
 func TestInventoryDecodedOnNodeEvents(t *testing.T) {
 	e := newEnv(t, nil, []*v1.Node{gpuNode(t, "n1", api.ModeMIG, "A100-40GB"), gpuNode(t, "n2", api.ModeMIG, "A100-40GB")})
 	if !toolscache.WaitForCacheSync(e.ctx.Done(), e.pl.nodesRead) {
@@ -856,6 +856,16 @@ func TestInventoryDecodedOnNodeEvents(t *testing.T) {
 		return e.pl.inventory.largestSeen(api.ModeMIG) > 40192, nil
 	}); err != nil {
 		t.Errorf("the updated inventory of n1 was not decoded: largest MIG device seen %d MiB", e.pl.inventory.largestSeen(api.ModeMIG))
+	}
+	// A node that stops publishing an inventory, and a deleted node, are forgotten.
+	delete(n1.Annotations, api.NodeInventoryAnnotation)
+	if _, err := e.client.CoreV1().Nodes().Update(e.ctx, n1, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(e.ctx, 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		return !e.pl.inventory.decoded("n1"), nil
+	}); err != nil {
+		t.Error("the inventory n1 no longer publishes is still held")
 	}
 	if err := e.client.CoreV1().Nodes().Delete(e.ctx, "n2", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
