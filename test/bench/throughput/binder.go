@@ -4,10 +4,8 @@ import (
 	"context"
 	"crypto/ed25519"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,14 +42,14 @@ type binder struct {
 const binderWorkers = 16
 
 // startBinder binds the pods of namespace ns until ctx ends; nodes are nodeName(0..nodes-1).
-func startBinder(ctx context.Context, client kubernetes.Interface, tmpl *nodeTemplate, ns string, nodes int, gpu bool) (*binder, error) {
+func startBinder(ctx context.Context, client kubernetes.Interface, tmpl *nodeTemplate, ns string, nodes int, gpu bool) error {
 	_, key, err := ed25519.GenerateKey(nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	probe := map[string]string{api.MigReservationsAnnotation: "[]", api.AssignedNodeAnnotation: nodeName(0)}
 	if err := api.SignReservation(key, "00000000-0000-0000-0000-000000000000", nodeName(0), probe); err != nil {
-		return nil, err
+		return err
 	}
 	b := &binder{client: client, tmpl: tmpl, nodes: nodes, gpu: gpu, signature: probe[api.ReservationSignatureAnnotation], queue: make(chan *v1.Pod, 1024)}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns),
@@ -65,7 +63,7 @@ func startBinder(ctx context.Context, client kubernetes.Interface, tmpl *nodeTem
 			}
 		}
 	}}); err != nil {
-		return nil, err
+		return err
 	}
 	var workers sync.WaitGroup
 	for range binderWorkers {
@@ -84,38 +82,32 @@ func startBinder(ctx context.Context, client kubernetes.Interface, tmpl *nodeTem
 	}
 	factory.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		return nil, fmt.Errorf("the binder's pod informer did not sync")
+		return fmt.Errorf("the binder's pod informer did not sync")
 	}
 	go func() {
 		<-ctx.Done()
 		factory.Shutdown()
 		workers.Wait()
 	}()
-	return b, nil
+	return nil
 }
 
 // bind binds p to the next node in turn.
 func (b *binder) bind(ctx context.Context, p *v1.Pod) error {
 	i := int(b.next.Add(1) - 1)
 	node := nodeName(i % b.nodes)
-	binding := &v1.Binding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID},
-		Target:     v1.ObjectReference{Kind: "Node", Name: node},
+	if !b.gpu {
+		return b.client.CoreV1().Pods(p.Namespace).Bind(ctx, &v1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID},
+			Target:     v1.ObjectReference{Kind: "Node", Name: node},
+		}, metav1.CreateOptions{})
 	}
-	if b.gpu {
-		gpu := (i / b.nodes) % len(b.tmpl.uuids)
-		raw, err := api.EncodeMigReservations([]api.MigReservation{{GPUUUID: b.tmpl.uuidFor(i%b.nodes, gpu), Profile: "1g.5gb",
-			Placement: api.Placement{Start: (i / b.nodes / len(b.tmpl.uuids)) % 7, Size: 1}}})
-		if err != nil {
-			return err
-		}
-		binding.Annotations = map[string]string{
-			api.MigReservationsAnnotation:      raw,
-			api.AssignedNodeAnnotation:         node,
-			api.BindTimeAnnotation:             strconv.FormatInt(time.Now().Unix(), 10),
-			api.BindPhaseAnnotation:            api.BindPhaseAllocating,
-			api.ReservationSignatureAnnotation: b.signature,
-		}
+	gpu := (i / b.nodes) % len(b.tmpl.uuids)
+	binding, err := reservationBinding(p.Namespace, p.Name, p.UID, node, []api.MigReservation{{GPUUUID: b.tmpl.uuidFor(i%b.nodes, gpu), Profile: "1g.5gb",
+		Placement: api.Placement{Start: (i / b.nodes / len(b.tmpl.uuids)) % 7, Size: 1}}})
+	if err != nil {
+		return err
 	}
+	binding.Annotations[api.ReservationSignatureAnnotation] = b.signature
 	return b.client.CoreV1().Pods(p.Namespace).Bind(ctx, binding, metav1.CreateOptions{})
 }

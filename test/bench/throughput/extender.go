@@ -228,17 +228,28 @@ func (e *extender) bind(ctx context.Context, args extenderv1.ExtenderBindingArgs
 	if !ok || f.node != args.Node {
 		return fmt.Errorf("no fit for pod %s/%s on %s", args.PodNamespace, args.PodName, args.Node)
 	}
-	raw, err := api.EncodeMigReservations(f.result.MigReservations())
+	binding, err := reservationBinding(args.PodNamespace, args.PodName, args.PodUID, args.Node, f.result.MigReservations())
 	if err != nil {
 		return err
 	}
-	return e.client.CoreV1().Pods(args.PodNamespace).Bind(ctx, &v1.Binding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: args.PodNamespace, Name: args.PodName, UID: args.PodUID, Annotations: map[string]string{
+	return e.client.CoreV1().Pods(args.PodNamespace).Bind(ctx, binding, metav1.CreateOptions{})
+}
+
+// reservationBinding is the Binding of a pod to node that carries its MIG reservations the way
+// DynamicMIG's Bind writes them (the reservations, the node, the bind time and phase), without
+// the signature.
+func reservationBinding(namespace, name string, uid types.UID, node string, res []api.MigReservation) (*v1.Binding, error) {
+	raw, err := api.EncodeMigReservations(res)
+	if err != nil {
+		return nil, err
+	}
+	return &v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: uid, Annotations: map[string]string{
 			api.MigReservationsAnnotation: raw,
-			api.AssignedNodeAnnotation:    args.Node,
+			api.AssignedNodeAnnotation:    node,
 			api.BindTimeAnnotation:        strconv.FormatInt(time.Now().Unix(), 10),
 			api.BindPhaseAnnotation:       api.BindPhaseAllocating,
 		}},
-		Target: v1.ObjectReference{Kind: "Node", Name: args.Node},
-	}, metav1.CreateOptions{})
+		Target: v1.ObjectReference{Kind: "Node", Name: node},
+	}, nil
 }

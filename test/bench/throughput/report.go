@@ -57,9 +57,16 @@ func (r *Report) roundRates(nodes int, q QPS, key string) string {
 	return strings.Join(parts, ", ")
 }
 
+// millis is d in milliseconds.
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
 // cpuMS is a CPU time per pod in milliseconds, to the hundredth.
-func cpuMS(d time.Duration) string {
-	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+func cpuMS(d time.Duration) string { return fmt.Sprintf("%.2f ms", millis(d)) }
+
+// lowerMedian is the median of xs, the lower middle one of an even count; it sorts xs.
+func lowerMedian[T cmp.Ordered](xs []T) T {
+	slices.Sort(xs)
+	return xs[(len(xs)-1)/2]
 }
 
 // roundRatios is the median of the scenario's own ratios to (a) round by round (the lower
@@ -75,8 +82,8 @@ func (r *Report) roundRatios(nodes int, q QPS, key string) string {
 	if len(ratios) == 0 {
 		return "—"
 	}
-	slices.Sort(ratios)
-	return fmt.Sprintf("%.2f (%.2f–%.2f)", ratios[(len(ratios)-1)/2], ratios[0], ratios[len(ratios)-1])
+	median := lowerMedian(ratios)
+	return fmt.Sprintf("%.2f (%.2f–%.2f)", median, ratios[0], ratios[len(ratios)-1])
 }
 
 // cpuPerPod is the median over the scenario's rounds of its CPU per pod (the lower middle one
@@ -89,9 +96,7 @@ func (r *Report) cpuPerPod(nodes int, q QPS, key string) (time.Duration, []time.
 	if len(each) == 0 {
 		return 0, nil
 	}
-	sorted := slices.Clone(each)
-	slices.Sort(sorted)
-	return sorted[(len(sorted)-1)/2], each
+	return lowerMedian(slices.Clone(each)), each
 }
 
 // cpuCell is the scenario's median CPU per pod, with each round's when there are several.
@@ -102,12 +107,12 @@ func (r *Report) cpuCell(nodes int, q QPS, key string) string {
 	}
 	parts := make([]string, len(each))
 	for i, d := range each {
-		parts[i] = fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond))
+		parts[i] = fmt.Sprintf("%.2f", millis(d))
 	}
 	return fmt.Sprintf("%s (%s)", cpuMS(median), strings.Join(parts, ", "))
 }
 
-func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
+func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", millis(d)) }
 
 // WriteMarkdown writes the report as docs/benchmarks/throughput.md.
 func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
@@ -393,7 +398,7 @@ func (r *Report) writeFloor(w io.Writer, nodes []int) {
 			}
 			cpu := func(key string) float64 {
 				median, _ := r.cpuPerPod(n, q, key)
-				return float64(median) / float64(time.Millisecond)
+				return millis(median)
 			}
 			ca, cb, ch, ci := cpu("a"), cpu("b"), cpu("h"), cpu("i")
 			fmt.Fprintf(w, "| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %.2f | %.2f | %.2f |\n", n, q,

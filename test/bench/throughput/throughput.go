@@ -517,10 +517,11 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 	}()
 	// Warm up: a scheduler has synced its caches once it binds a pod (the binder has once
 	// it starts).
-	for _, c := range classes {
-		if sc.Profile == NoScheduler {
-			break
-		}
+	warmUp := classes
+	if sc.Profile == NoScheduler {
+		warmUp = nil
+	}
+	for _, c := range warmUp {
 		warm := cpuPod(warmupNS, fmt.Sprintf("warmup-%d-%s", seq, c.prefix))
 		warm.Spec.SchedulerName = c.scheduler
 		if _, err := admin.CoreV1().Pods(warmupNS).Create(ctx, warm, metav1.CreateOptions{}); err != nil {
@@ -827,7 +828,7 @@ func startFloor(ctx context.Context, cp *cluster.ControlPlane, tmpl *nodeTemplat
 		return nil, err
 	}
 	bctx, stop := context.WithCancel(ctx)
-	if _, err := startBinder(bctx, client, tmpl, ns, nodes, gpu); err != nil {
+	if err := startBinder(bctx, client, tmpl, ns, nodes, gpu); err != nil {
 		stop()
 		return nil, err
 	}
