@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -145,8 +147,10 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("exit %d: %s\n%s", code, stdout.String(), stderr.String())
 	}
 	out := stdout.String()
+	if err := checkExamplesOccupancy(out); err != nil {
+		t.Errorf("%v:\n%s", err, out)
+	}
 	for _, want := range []string{
-		"(NVIDIA A100-PCIE-40GB): [0,2) gpu-pod1 2g.10gb | [2,4) gpu-pod1 2g.10gb | [4,6) mig-workload 2g.10gb | [6,8) free",
 		`"migUUID": "MIG-`,
 		"pod default/gpu-pod1: ",
 		"; schedulerName dynamig-scheduler (set by dynamig-webhook)",
@@ -172,5 +176,56 @@ func TestDemo(t *testing.T) {
 		if n := strings.Count(line, " infer-"); n != want || strings.Count(line, "1g.5gb") != want {
 			t.Errorf("%s %d replicas' instances, want %d: %s", replicas, n, want, line)
 		}
+	}
+}
+
+// examplesOccupancy is the A100's occupancy line the demo prints while both examples run.
+const examplesOccupancy = "(NVIDIA A100-PCIE-40GB): "
+
+// checkExamplesOccupancy checks that the examples' three 2g.10gb instances (two of gpu-pod1,
+// one of mig-workload) fill the A100's first six slots and leave [6,8) free. Which example
+// takes [0,2) depends on which one kube-scheduler schedules first: both are pending at once
+// (a CI run under load scheduled mig-workload first; 8 runs here, 4 of them beside three busy
+// loops, scheduled gpu-pod1 first), and the demo states no order.
+func checkExamplesOccupancy(out string) error {
+	i := strings.Index(out, examplesOccupancy+"[0,2) ")
+	if i < 0 {
+		return fmt.Errorf("output lacks the examples' occupancy line %q", examplesOccupancy+"[0,2) ...")
+	}
+	line, _, _ := strings.Cut(out[i+len(examplesOccupancy):], "\n")
+	var at, owners []string
+	for _, part := range strings.Split(line, " | ") {
+		placement, owner, _ := strings.Cut(part, " ")
+		at = append(at, placement)
+		owners = append(owners, owner)
+	}
+	slices.Sort(owners[:min(3, len(owners))])
+	if got, want := strings.Join(at, " "), "[0,2) [2,4) [4,6) [6,8)"; got != want ||
+		!slices.Equal(owners, []string{"gpu-pod1 2g.10gb", "gpu-pod1 2g.10gb", "mig-workload 2g.10gb", "free"}) {
+		return fmt.Errorf("the examples' occupancy %q: want gpu-pod1's two and mig-workload's one 2g.10gb at [0,2), [2,4), [4,6) in either order, [6,8) free", line)
+	}
+	return nil
+}
+
+// TestCheckExamplesOccupancy: either example may be scheduled first (a CI run scheduled
+// mig-workload first); anything else is refused.
+func TestCheckExamplesOccupancy(t *testing.T) {
+	const head = "  mig-node GPU-1e4b6a9d-4fff-a516-3e24-1d86151d01bc " + examplesOccupancy
+	for line, ok := range map[string]bool{
+		"[0,2) gpu-pod1 2g.10gb | [2,4) gpu-pod1 2g.10gb | [4,6) mig-workload 2g.10gb | [6,8) free": true,
+		"[0,2) mig-workload 2g.10gb | [2,4) gpu-pod1 2g.10gb | [4,6) gpu-pod1 2g.10gb | [6,8) free": true,
+		"[0,2) gpu-pod1 2g.10gb | [2,4) mig-workload 2g.10gb | [4,6) gpu-pod1 2g.10gb | [6,8) free": true,
+		"[0,2) gpu-pod1 2g.10gb | [2,4) gpu-pod1 2g.10gb | [4,6) free | [6,8) mig-workload 2g.10gb": false,
+		"[0,2) gpu-pod1 2g.10gb | [2,4) gpu-pod1 2g.10gb | [4,6) gpu-pod1 2g.10gb | [6,8) free":     false,
+		"[0,2) gpu-pod1 2g.10gb | [2,4) mig-workload 2g.10gb | [4,8) free":                          false,
+		"[0,2) gpu-pod1 3g.20gb | [2,4) gpu-pod1 2g.10gb | [4,6) mig-workload 2g.10gb | [6,8) free": false,
+	} {
+		out := "Running\n" + head + line + "\n  core-node ...\n"
+		if err := checkExamplesOccupancy(out); (err == nil) != ok {
+			t.Errorf("%s: accepted %v, want %v (%v)", line, err == nil, ok, err)
+		}
+	}
+	if checkExamplesOccupancy("no occupancy") == nil {
+		t.Error("output without the line accepted")
 	}
 }
