@@ -86,10 +86,18 @@ func SignReservation(priv ed25519.PrivateKey, podUID, node string, annotations m
 	if err != nil {
 		return err
 	}
+	annotations[ReservationSignatureAnnotation] = Signature(priv, podUID, node, key, value)
+	return nil
+}
+
+// Signature is the ReservationSignatureAnnotation value signing a payload (SignedPayload's
+// key and value) for the pod and node. A writer that has just encoded the payload (the
+// scheduler's Bind: MIG records without runtime identity encode to exactly the signed
+// value) signs it without SignReservation's decoding and encoding it again.
+func Signature(priv ed25519.PrivateKey, podUID, node, key, value string) string {
 	sig := ed25519.Sign(priv, SigningMessage(podUID, node, key, value))
 	pub := priv.Public().(ed25519.PublicKey)
-	annotations[ReservationSignatureAnnotation] = signatureScheme + ":" + KeyID(pub) + ":" + base64.StdEncoding.EncodeToString(sig)
-	return nil
+	return signatureScheme + ":" + KeyID(pub) + ":" + base64.StdEncoding.EncodeToString(sig)
 }
 
 // ParseSignature splits a ReservationSignatureAnnotation value into key id and signature.

@@ -63,18 +63,22 @@ func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Po
 
 // bindingAnnotations are what the Binding carries: the reservation in its pool's format,
 // signed for this pod and node, the node, the bind time and phase.
-func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result, key ed25519.PrivateKey) (map[string]string, error) {
+func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result, signingKey ed25519.PrivateKey) (map[string]string, error) {
 	a := map[string]string{
 		api.AssignedNodeAnnotation: nodeName,
 		api.BindTimeAnnotation:     strconv.FormatInt(time.Now().Unix(), 10),
 		api.BindPhaseAnnotation:    api.BindPhaseAllocating,
 	}
+	// The signed payload is the reservation annotation as written here: MIG records carry no
+	// runtime identity yet (api.SignedPayload).
+	var key string
 	if res.Mode == api.ModeMIG {
 		raw, err := api.EncodeMigReservations(res.MigReservations())
 		if err != nil {
 			return nil, fmt.Errorf("encoding the reservation of %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
-		a[api.MigReservationsAnnotation] = raw
+		key = api.MigReservationsAnnotation
+		a[key] = raw
 	} else {
 		containers := make([][]api.HAMiCoreDevice, len(pod.Spec.InitContainers)+len(pod.Spec.Containers))
 		for _, as := range res.Assignments {
@@ -83,12 +87,11 @@ func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result, key
 			}
 		}
 		raw := api.EncodeHAMiCoreDevices(containers)
-		a[api.DevicesAllocatedAnnotation] = raw
+		key = api.DevicesAllocatedAnnotation
+		a[key] = raw
 		a[api.DevicesToAllocateAnnotation] = raw
 	}
-	if err := api.SignReservation(key, string(pod.UID), nodeName, a); err != nil {
-		return nil, fmt.Errorf("signing the reservation of %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
+	a[api.ReservationSignatureAnnotation] = api.Signature(signingKey, string(pod.UID), nodeName, key, a[key])
 	return a, nil
 }
 

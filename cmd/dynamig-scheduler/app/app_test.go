@@ -123,6 +123,10 @@ func TestShippedSchedulerConfig(t *testing.T) {
 	if score := names(plugins.Score); slices.Contains(score, "NodeResourcesFit") || !slices.Contains(score, "NodeResourcesBalancedAllocation") {
 		t.Errorf("Score plugins = %v: want NodeResourcesFit off, NodeResourcesBalancedAllocation on", score)
 	}
+	// Its PreScore prepares only its Score: off with it.
+	if preScore := names(plugins.PreScore); slices.Contains(preScore, "NodeResourcesFit") || !slices.Contains(preScore, "NodeResourcesBalancedAllocation") {
+		t.Errorf("PreScore plugins = %v: want NodeResourcesFit off, NodeResourcesBalancedAllocation on", preScore)
+	}
 
 	var prof *schedconfig.KubeSchedulerProfile
 	for i := range cc.ComponentConfig.Profiles {

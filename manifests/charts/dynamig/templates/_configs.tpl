@@ -89,7 +89,12 @@ profiles:
     # DynamicMIG's Score ranks every pod's nodes by their CPU and memory too, by the node
     # policy (nodeSchedulerPolicy, or the pod's hami.io/node-scheduler-policy): binpack
     # fills them, spread empties them. NodeResourcesFit's score (LeastAllocated) would
-    # spread them whatever the policy, so it is off; NodeResourcesFit still filters.
+    # spread them whatever the policy, so it is off; NodeResourcesFit still filters. Its
+    # PreScore only prepares its Score (the pod's requests, for every pod and, in a batch,
+    # again at each re-score of the hinted node), so it is off too.
+    preScore:
+      disabled:
+      - name: NodeResourcesFit
     score:
       disabled:
       - name: NodeResourcesFit
