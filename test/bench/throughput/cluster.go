@@ -206,10 +206,11 @@ func parallel(workers, n int, f func(i int) error) error {
 type Profile int
 
 const (
-	// DefaultPlugins is the shipped configuration with DynamicMIG removed from multiPoint,
-	// bind reset to DefaultBinder and the pluginConfig of DynamicMIG and of the plugins the
-	// profile configures for batching dropped (defaultOnlyDropped): kube-scheduler's default
-	// profile, as CPU pods get it on a cluster, but for NodeResourcesFit's ignoredResources.
+	// DefaultPlugins is the shipped configuration without its plugins section (so
+	// kube-scheduler's default plugins, NodeResourcesFit's score included, and DefaultBinder)
+	// and with the pluginConfig of DynamicMIG and of the plugins the profile configures for
+	// batching dropped (defaultOnlyDropped): kube-scheduler's default profile, as CPU pods get
+	// it on a cluster, but for NodeResourcesFit's ignoredResources.
 	DefaultPlugins Profile = iota
 	// WithDynamicMIG is the shipped configuration.
 	WithDynamicMIG
@@ -258,30 +259,9 @@ func editConfig(doc map[string]any, profile Profile, qps float64, burst int, nod
 			if !ok {
 				return fmt.Errorf("profile is %T", p)
 			}
-			if plugins, ok := prof["plugins"].(map[string]any); ok {
-				if mp, ok := plugins["multiPoint"].(map[string]any); ok {
-					enabled, _ := mp["enabled"].([]any)
-					var keep []any
-					for _, e := range enabled {
-						if m, ok := e.(map[string]any); ok && m["name"] == "DynamicMIG" {
-							continue
-						}
-						keep = append(keep, e)
-					}
-					if len(keep) == 0 {
-						delete(mp, "enabled")
-					} else {
-						mp["enabled"] = keep
-					}
-					if len(mp) == 0 {
-						delete(plugins, "multiPoint")
-					}
-				}
-				plugins["bind"] = map[string]any{
-					"disabled": []any{map[string]any{"name": "*"}},
-					"enabled":  []any{map[string]any{"name": "DefaultBinder"}},
-				}
-			}
+			// kube-scheduler's default plugins at every extension point: NodeResourcesFit
+			// scores too, DefaultBinder binds.
+			delete(prof, "plugins")
 			if pcs, ok := prof["pluginConfig"].([]any); ok {
 				var keep []any
 				for _, pc := range pcs {

@@ -132,9 +132,10 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		"GPU pods additionally `nvidia.com/gpu: 1`, `nvidia.com/gpumem: 4000`, `nvidia.com/vgpu-mode: mig` (a 1g.5gb instance). "+
 		"All name `schedulerName: %s`.\n",
 		r.Config.Pods, r.Config.CreateWorkers, SchedulerName)
-	fmt.Fprintf(w, "- Scenarios: (a) default plugins only: the shipped `manifests/scheduler-config.yaml` with DynamicMIG removed from multiPoint, "+
-		"bind reset to DefaultBinder and the pluginConfig of DynamicMIG, PodTopologySpread and InterPodAffinity dropped: kube-scheduler's default profile, "+
-		"as CPU pods get it from a cluster's default scheduler; CPU pods. (b) DynamicMIG (the shipped configuration), GPU pods; its PreFilter takes the GPU request's resources "+
+	fmt.Fprintf(w, "- Scenarios: (a) default plugins only: the shipped `manifests/scheduler-config.yaml` without its plugins section "+
+		"(so kube-scheduler's default plugins at every extension point, NodeResourcesFit's score included, and DefaultBinder) and with the pluginConfig of DynamicMIG, "+
+		"PodTopologySpread and InterPodAffinity dropped: kube-scheduler's default profile, "+
+		"as CPU pods get it from a cluster's default scheduler (NodeResourcesFit's ignoredResources kept; no CPU pod requests them); CPU pods. (b) DynamicMIG (the shipped configuration), GPU pods; its PreFilter takes the GPU request's resources "+
 		"out of NodeResourcesFit's request, so Fit validates no name of theirs on the nodes it filters, and its Filter checks the device count in Fit's place "+
 		"(docs/architecture.md, \"No per-node name validation for the GPU request\"). "+
 		"(c) DynamicMIG, CPU pods. (d), a reference when run (not by default; (g) supersedes it): (a) with kube-scheduler's OpportunisticBatching feature off. "+

@@ -9,6 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"go.yaml.in/yaml/v3"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
+	schedconfig "k8s.io/kubernetes/pkg/scheduler/apis/config"
+
 	"github.com/dynamig/dynamig/test/cluster"
 )
 
@@ -145,5 +151,63 @@ func TestRounds(t *testing.T) {
 	}
 	if rep.find(100, DefaultQPS, "a") != nil {
 		t.Error("found a result of a QPS that did not run")
+	}
+}
+
+// TestDefaultPluginsProfile: (a)'s profile is kube-scheduler's default profile, plugin for
+// plugin at every extension point (an earlier (a) kept the shipped profile's
+// NodeResourcesFit score off, so its CPU pods skipped a score every default scheduler runs).
+func TestDefaultPluginsProfile(t *testing.T) {
+	dir := t.TempDir()
+	load := func(name string, doc map[string]any) *schedconfig.KubeSchedulerProfile {
+		t.Helper()
+		raw, err := yaml.Marshal(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := options.LoadConfigFromFile(klog.Background(), path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cfg.Profiles) != 1 {
+			t.Fatalf("%s: %d profiles", name, len(cfg.Profiles))
+		}
+		return &cfg.Profiles[0]
+	}
+	raw, err := os.ReadFile("../../../manifests/scheduler-config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shipped map[string]any
+	if err := yaml.Unmarshal(raw, &shipped); err != nil {
+		t.Fatal(err)
+	}
+	if err := editConfig(shipped, DefaultPlugins, 5000, 5000, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	got := load("a.yaml", shipped)
+	want := load("default.yaml", map[string]any{
+		"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+		"profiles": []any{map[string]any{"schedulerName": SchedulerName}},
+	})
+	if diff := cmp.Diff(want.Plugins, got.Plugins); diff != "" {
+		t.Errorf("(a)'s plugins differ from kube-scheduler's default profile (-default +(a)):\n%s", diff)
+	}
+	// Every plugin's args are the defaults but NodeResourcesFit's ignoredResources.
+	defaults := map[string]schedconfig.PluginConfig{}
+	for _, pc := range want.PluginConfig {
+		defaults[pc.Name] = pc
+	}
+	for _, pc := range got.PluginConfig {
+		if pc.Name == "NodeResourcesFit" {
+			continue
+		}
+		if diff := cmp.Diff(defaults[pc.Name], pc); diff != "" {
+			t.Errorf("(a)'s args of %s are not the defaults (-default +(a)):\n%s", pc.Name, diff)
+		}
 	}
 }
