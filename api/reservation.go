@@ -73,14 +73,20 @@ func EncodeMigReservations(recs []MigReservation) (string, error) {
 		return "", err
 	}
 	sorted := slices.Clone(recs)
-	slices.SortFunc(sorted, func(a, b MigReservation) int {
-		return cmp.Or(cmp.Compare(a.ContainerIndex, b.ContainerIndex), cmp.Compare(a.DeviceIndex, b.DeviceIndex))
-	})
+	SortMigReservations(sorted)
 	if sorted == nil {
 		sorted = []MigReservation{}
 	}
 	b, err := json.Marshal(sorted)
 	return string(b), err
+}
+
+// SortMigReservations sorts records in (containerIndex, deviceIndex) order, the order
+// EncodeMigReservations writes and DecodeMigReservations therefore returns.
+func SortMigReservations(recs []MigReservation) {
+	slices.SortFunc(recs, func(a, b MigReservation) int {
+		return cmp.Or(cmp.Compare(a.ContainerIndex, b.ContainerIndex), cmp.Compare(a.DeviceIndex, b.DeviceIndex))
+	})
 }
 
 // ValidateMigReservations checks one pod's reservations on their own: complete records,

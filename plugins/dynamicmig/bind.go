@@ -52,6 +52,11 @@ func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		return fwk.AsStatus(fmt.Errorf("binding pod %s/%s to %s: %w", pod.Namespace, pod.Name, nodeName, err))
 	}
 	observeLatency(bindLatency, start)
+	if raw, ok := annotations[api.MigReservationsAnnotation]; ok {
+		recs := r.result.MigReservations()
+		api.SortMigReservations(recs)
+		pl.reservations.remember(raw, recs)
+	}
 	pl.pending.remove(pod.UID)
 	pl.relocated.finish(pod.UID)
 	if v := logger.V(2); v.Enabled() {

@@ -3,6 +3,7 @@ package dynamicmig
 import (
 	"crypto/ed25519"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -130,6 +131,19 @@ func TestBindIsOneWrite(t *testing.T) {
 				}
 				if !slices.Equal(got, tc.containers) {
 					t.Errorf("reserved for containers %v, want %v", got, tc.containers)
+				}
+			}
+			// Bind memoises the records it encoded, exactly as decoding its annotation gives them.
+			if raw, ok := a[api.MigReservationsAnnotation]; ok {
+				want, err := api.DecodeMigReservations(raw)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e.pl.reservations.mu.RLock()
+				got, held := e.pl.reservations.decoded[raw]
+				e.pl.reservations.mu.RUnlock()
+				if !held || !reflect.DeepEqual(got, want) {
+					t.Errorf("memoised records of the Binding's annotation: %+v (held %v), want %+v", got, held, want)
 				}
 			}
 			bound := pod.DeepCopy()

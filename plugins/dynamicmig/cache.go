@@ -176,13 +176,19 @@ func (c *reservationCache) decode(raw string) ([]api.MigReservation, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.remember(raw, recs)
+	return recs, nil
+}
+
+// remember memoises raw's records (what DecodeMigReservations returns for it): Bind, which
+// has just encoded them, saves Filter decoding the annotation of every pod it binds.
+func (c *reservationCache) remember(raw string, recs []api.MigReservation) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if len(c.decoded) >= maxDecoded {
 		c.decoded = map[string][]api.MigReservation{}
 	}
 	c.decoded[raw] = recs
-	c.mu.Unlock()
-	return recs, nil
 }
 
 // fitCache remembers, per node, the last fit computed: the same request against the same
