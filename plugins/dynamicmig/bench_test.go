@@ -167,7 +167,7 @@ func BenchmarkBatchedGPUPod(b *testing.B) {
 			b.Fatal(st)
 		}
 		r, _ := e.pl.reservations.get(pod.UID)
-		if _, err := bindingAnnotations(pod, node.Name, r.result, key); err != nil {
+		if _, _, err := bindingAnnotations(pod, node.Name, r.result, key); err != nil {
 			b.Fatal(err)
 		}
 		e.pl.Unreserve(e.ctx, state, pod, node.Name)

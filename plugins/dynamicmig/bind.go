@@ -39,7 +39,7 @@ func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	if err != nil {
 		return fwk.AsStatus(fmt.Errorf("cannot sign the reservation of pod %s/%s: %w", pod.Namespace, pod.Name, err))
 	}
-	annotations, err := bindingAnnotations(pod, nodeName, r.result, key)
+	annotations, migRecords, err := bindingAnnotations(pod, nodeName, r.result, key)
 	if err != nil {
 		return fwk.AsStatus(err)
 	}
@@ -52,10 +52,8 @@ func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		return fwk.AsStatus(fmt.Errorf("binding pod %s/%s to %s: %w", pod.Namespace, pod.Name, nodeName, err))
 	}
 	observeLatency(bindLatency, start)
-	if raw, ok := annotations[api.MigReservationsAnnotation]; ok {
-		recs := r.result.MigReservations()
-		api.SortMigReservations(recs)
-		pl.reservations.remember(raw, recs)
+	if migRecords != nil {
+		pl.reservations.remember(annotations[api.MigReservationsAnnotation], migRecords)
 	}
 	pl.pending.remove(pod.UID)
 	pl.relocated.finish(pod.UID)
@@ -67,8 +65,10 @@ func (pl *DynamicMIG) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Po
 }
 
 // bindingAnnotations are what the Binding carries: the reservation in its pool's format,
-// signed for this pod and node, the node, the bind time and phase.
-func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result, signingKey ed25519.PrivateKey) (map[string]string, error) {
+// signed for this pod and node, the node, the bind time and phase. For a MIG reservation it
+// also returns the records as decoding the annotation gives them (decoding's order), which
+// Bind memoises.
+func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result, signingKey ed25519.PrivateKey) (map[string]string, []api.MigReservation, error) {
 	a := map[string]string{
 		api.AssignedNodeAnnotation: nodeName,
 		api.BindTimeAnnotation:     strconv.FormatInt(time.Now().Unix(), 10),
@@ -77,10 +77,13 @@ func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result, sig
 	// The signed payload is the reservation annotation as written here: MIG records carry no
 	// runtime identity yet (api.SignedPayload).
 	var key string
+	var migRecords []api.MigReservation
 	if res.Mode == api.ModeMIG {
-		raw, err := api.EncodeMigReservations(res.MigReservations())
+		migRecords = res.MigReservations()
+		api.SortMigReservations(migRecords)
+		raw, err := api.EncodeMigReservations(migRecords)
 		if err != nil {
-			return nil, fmt.Errorf("encoding the reservation of %s/%s: %w", pod.Namespace, pod.Name, err)
+			return nil, nil, fmt.Errorf("encoding the reservation of %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
 		key = api.MigReservationsAnnotation
 		a[key] = raw
@@ -97,7 +100,7 @@ func bindingAnnotations(pod *v1.Pod, nodeName string, res *placement.Result, sig
 		a[api.DevicesToAllocateAnnotation] = raw
 	}
 	a[api.ReservationSignatureAnnotation] = api.Signature(signingKey, string(pod.UID), nodeName, key, a[key])
-	return a, nil
+	return a, migRecords, nil
 }
 
 // recordBindEvents warns a pod whose container got more MIG devices than CUDA uses. What

@@ -7,7 +7,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corelisters "k8s.io/client-go/listers/core/v1"
-	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/dynamig/dynamig/api"
 	"github.com/dynamig/dynamig/plugins/dynamicmig/placement"
@@ -71,10 +70,7 @@ func (c *inventoryCache) onNode(obj any) {
 
 // onNodeDelete forgets a deleted node's inventory.
 func (c *inventoryCache) onNodeDelete(obj any) {
-	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
-	if n, ok := obj.(*v1.Node); ok {
+	if n, ok := deletedObject(obj).(*v1.Node); ok {
 		c.forget(n.Name)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -142,10 +141,7 @@ func (pl *DynamicMIG) onLeaseEvent(_, newObj any) {
 func (pl *DynamicMIG) onLeaseAdd(obj any)               { pl.onLeaseEvent(nil, obj) }
 func (pl *DynamicMIG) onLeaseUpdate(oldObj, newObj any) { pl.onLeaseEvent(oldObj, newObj) }
 func (pl *DynamicMIG) onLeaseDelete(obj any) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
-	if l, ok := obj.(*coordinationv1.Lease); ok {
+	if l, ok := deletedObject(obj).(*coordinationv1.Lease); ok {
 		pl.leaseTimes.remove(l)
 	}
 }

@@ -180,10 +180,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle, fts feature.Feat
 		AddFunc:    evictions.onPod,
 		UpdateFunc: func(_, obj any) { evictions.onPod(obj) },
 		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
-			if p, ok := obj.(*v1.Pod); ok {
+			if p, ok := deletedObject(obj).(*v1.Pod); ok {
 				pl.reservations.remove(p.UID)
 				pl.pending.remove(p.UID)
 				pl.heartbeatWaiters.Delete(p.UID)
@@ -228,6 +225,15 @@ func (pl *DynamicMIG) signingKeyFor(ctx context.Context) (ed25519.PrivateKey, er
 	klog.FromContext(ctx).Info("Signing reservations", "keyID", api.KeyID(key.Public().(ed25519.PublicKey)))
 	pl.signingKey = key
 	return key, nil
+}
+
+// deletedObject is a Delete handler's object, taken out of the informer's tombstone when its
+// watch missed the deletion.
+func deletedObject(obj any) any {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		return tomb.Obj
+	}
+	return obj
 }
 
 // hasReservation reports whether the pod carries a reservation of either pool.

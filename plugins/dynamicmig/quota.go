@@ -132,10 +132,7 @@ func (w *quotaWaiters) take(namespace string) map[string]*v1.Pod {
 // the namespace that sets a GPU limit is added, changed or removed.
 func (pl *DynamicMIG) onQuotaEvent(oldObj, newObj any) {
 	var oldQ, newQ *v1.ResourceQuota
-	if tomb, ok := oldObj.(cache.DeletedFinalStateUnknown); ok {
-		oldObj = tomb.Obj
-	}
-	oldQ, _ = oldObj.(*v1.ResourceQuota)
+	oldQ, _ = deletedObject(oldObj).(*v1.ResourceQuota)
 	newQ, _ = newObj.(*v1.ResourceQuota)
 	q := newQ
 	if q == nil {

@@ -47,11 +47,8 @@ func startBinder(ctx context.Context, client kubernetes.Interface, tmpl *nodeTem
 	if err != nil {
 		return err
 	}
-	probe := map[string]string{api.MigReservationsAnnotation: "[]", api.AssignedNodeAnnotation: nodeName(0)}
-	if err := api.SignReservation(key, "00000000-0000-0000-0000-000000000000", nodeName(0), probe); err != nil {
-		return err
-	}
-	b := &binder{client: client, tmpl: tmpl, nodes: nodes, gpu: gpu, signature: probe[api.ReservationSignatureAnnotation], queue: make(chan *v1.Pod, 1024)}
+	signature := api.Signature(key, "00000000-0000-0000-0000-000000000000", nodeName(0), api.MigReservationsAnnotation, "[]")
+	b := &binder{client: client, tmpl: tmpl, nodes: nodes, gpu: gpu, signature: signature, queue: make(chan *v1.Pod, 1024)}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "status.phase!=Succeeded,status.phase!=Failed" }))
 	inf := factory.Core().V1().Pods().Informer()
