@@ -86,6 +86,39 @@ func (r *Report) roundRatios(nodes int, q QPS, key string) string {
 	return fmt.Sprintf("%.2f (%.2f–%.2f)", median, ratios[0], ratios[len(ratios)-1])
 }
 
+// spread is the most any scenario's fastest round beat its slowest at one size and QPS, as
+// a fraction of the slowest's pods/s, and where; ok is false without a scenario of several rounds.
+func (r *Report) spread() (frac float64, nodes int, key string, ok bool) {
+	for _, q := range r.Config.QPS {
+		for _, n := range r.nodes() {
+			for _, sc := range Scenarios {
+				runs := r.rounds(n, q, sc.Key)
+				if len(runs) < 2 {
+					continue
+				}
+				lo, hi := runs[0].PodsPerSec, runs[0].PodsPerSec
+				for _, x := range runs[1:] {
+					lo, hi = min(lo, x.PodsPerSec), max(hi, x.PodsPerSec)
+				}
+				if lo > 0 && (!ok || hi/lo-1 > frac) {
+					frac, nodes, key, ok = hi/lo-1, n, sc.Key, true
+				}
+			}
+		}
+	}
+	return frac, nodes, key, ok
+}
+
+// spreadNote states the run's own noise: how far apart the rounds of one scenario came out.
+func (r *Report) spreadNote() string {
+	frac, nodes, key, ok := r.spread()
+	if !ok {
+		return " One round of each scenario, so this run measures no noise of its own."
+	}
+	return fmt.Sprintf(" Noise: the same scenario's rounds differ; in this run by up to %.0f %% (pods/s of its fastest round over its slowest, (%s) at %d nodes), "+
+		"so a ratio within that of 1.0 in one round says little: the ratios table gives each round's too.", 100*frac, key, nodes)
+}
+
 // cpuPerPod is the median over the scenario's rounds of its CPU per pod (the lower middle one
 // of an even count), which need not be the median round's by pods/s, and each round's.
 func (r *Report) cpuPerPod(nodes int, q QPS, key string) (time.Duration, []time.Duration) {
@@ -155,8 +188,8 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		"and a scheduler of its own, so that none runs on another's history: with one control plane for the whole run, the API server's watch cache "+
 		"kept every scenario's pod events after its pods were deleted (the live heap grew 490, 856, 1095 MiB after three scenarios at 1000 nodes), "+
 		"and a scenario ran up to 13 %% slower in fourth place than in first, a GPU scenario more than a CPU one. "+
-		"Order at each size and QPS: %s; %s. Between runs of one scenario on the same machine pods/s varies by up to about 10 %%: each round's figures are given.\n",
-		orderList(r.Config), roundsNote(r.Config))
+		"Order at each size and QPS: %s; %s.%s\n",
+		orderList(r.Config), roundsNote(r.Config), r.spreadNote())
 	fmt.Fprintf(w, "- Nothing writes for a bound pod but the scheduler in (a) to (e): no kubelet status for CPU pods, no device plugin for GPU pods, "+
 		"so the ratios compare the scheduler's work. In (f) the stand-in device plugin (`test/cluster.StandIn`, user `%s`, its writes counted apart) "+
 		"makes, as soon as a GPU pod is bound, the device plugin's one write for it once its containers' devices exist: %s. "+

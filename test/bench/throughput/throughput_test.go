@@ -149,6 +149,12 @@ func TestRounds(t *testing.T) {
 	if got, want := rep.roundRatios(100, HighQPS, "b"), "1.10 (0.90–1.20)"; got != want {
 		t.Errorf("round ratios of (b): %q, want %q", got, want)
 	}
+	if frac, nodes, key, ok := rep.spread(); !ok || nodes != 100 || key != "a" || frac < 0.3333 || frac > 0.3334 {
+		t.Errorf("spread: %.4f at %d nodes in (%s), ok %v; want 0.3333 (400/300 − 1) in (a) at 100 nodes, more than (b)'s 420/330 − 1", frac, nodes, key, ok)
+	}
+	if _, _, _, ok := (&Report{Config: cfg, Results: rep.Results[:2]}).spread(); ok {
+		t.Error("spread of one round per scenario: ok, want none")
+	}
 	if rep.find(100, DefaultQPS, "a") != nil {
 		t.Error("found a result of a QPS that did not run")
 	}
