@@ -73,7 +73,7 @@ FUZZ_TARGETS := \
 	./nvml/sim:FuzzRestore:6000x \
 	./webhook/mutation:FuzzDecide
 
-.PHONY: all build kubelet test test-minors test-previews minors-run test-minor test-kubelet test-preview modfiles print-k8s unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-throughput-floor bench-throughput-batching-off bench-burst kubectl
+.PHONY: all build kubelet test test-minors test-previews minors-run test-minor test-kubelet test-preview modfiles print-k8s unit race fuzz soak lint demo clean manifests images bench-allocator bench-packing bench-throughput bench-throughput-quick bench-throughput-extender bench-throughput-sampled bench-throughput-floor bench-throughput-rounds bench-throughput-batching-off bench-burst kubectl
 
 all: build
 
@@ -266,6 +266,11 @@ bench-throughput-sampled:
 # written to docs/benchmarks/floor/ (~17 minutes).
 bench-throughput-floor:
 	$(TIMED) $(GO) run ./test/bench/throughput/cmd -out docs/benchmarks/floor -nodes 100,500 -qps 5000/5000 -rounds 7 -scenarios a,h,i,b -cpuprofile '' -mixed ''
+
+# (a) and (b) alone, 100 and 500 nodes, QPS 5000, 11 rounds, written to docs/benchmarks/rounds/:
+# the ratio where it is near 1.0, with its noise (~16 minutes).
+bench-throughput-rounds:
+	$(TIMED) $(GO) run ./test/bench/throughput/cmd -out docs/benchmarks/rounds -nodes 100,500 -qps 5000/5000 -rounds 11 -scenarios a,b -cpuprofile '' -mixed ''
 
 # (a) and (b) beside (j), (b) with kube-scheduler's batching off, 100 and 500 nodes, QPS 5000,
 # 5 rounds, written to docs/benchmarks/batching-off/ (~11 minutes).

@@ -70,7 +70,8 @@ func lowerMedian[T cmp.Ordered](xs []T) T {
 }
 
 // roundRatios is the median of the scenario's own ratios to (a) round by round (the lower
-// middle one of an even count) and their range, "—" without a round of both.
+// middle one of an even count), their range and how many of them are 1 or more, "—"
+// without a round of both.
 func (r *Report) roundRatios(nodes int, q QPS, key string) string {
 	a, x := r.rounds(nodes, q, "a"), r.rounds(nodes, q, key)
 	var ratios []float64
@@ -83,7 +84,13 @@ func (r *Report) roundRatios(nodes int, q QPS, key string) string {
 		return "—"
 	}
 	median := lowerMedian(ratios)
-	return fmt.Sprintf("%.2f (%.2f–%.2f)", median, ratios[0], ratios[len(ratios)-1])
+	reach := 0
+	for _, x := range ratios {
+		if x >= 1 {
+			reach++
+		}
+	}
+	return fmt.Sprintf("%.2f (%.2f–%.2f; %d of %d ≥ 1)", median, ratios[0], ratios[len(ratios)-1], reach, len(ratios))
 }
 
 // spread is the most any scenario's fastest round beat its slowest at one size and QPS, as
@@ -243,7 +250,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 	r.writeBatching(w, nodes)
 	fmt.Fprintf(w, "A scenario marked *timeout* did not bind every pod within %s of its first create: its span ends at the timeout, "+
 		"its pods/s is the pods bound over that span, and its latencies are of the bound pods only.\n\n", r.timeout())
-	fmt.Fprintf(w, "## Ratios\n\nOf the median rounds; **(b)/(a) by round** is the median of the rounds' own ratios (each round's (b) over the same round's (a)) and their range.\n\n"+
+	fmt.Fprintf(w, "## Ratios\n\nOf the median rounds; **(b)/(a) by round** is the median of the rounds' own ratios (each round's (b) over the same round's (a)), their range, and how many are 1 or more.\n\n"+
 		"| nodes | QPS | (b)/(a) | (b)/(a) by round | (c)/(a) | (d)/(a) | (b)/(d) | (e)/(a) | (b)/(e) | (f)/(a) | (g)/(a) | (b)/(g) |\n|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	ratio := func(x, y *Result) string {
 		if x == nil || y == nil || y.PodsPerSec == 0 {

@@ -146,7 +146,7 @@ func TestRounds(t *testing.T) {
 	if got, want := rep.cpuCell(100, HighQPS, "a"), "4.00 ms (4.00, 3.00, 5.00)"; got != want {
 		t.Errorf("CPU per pod of (a): %q, want %q (the median of the rounds, which is not the median round's by pods/s)", got, want)
 	}
-	if got, want := rep.roundRatios(100, HighQPS, "b"), "1.10 (0.90–1.20)"; got != want {
+	if got, want := rep.roundRatios(100, HighQPS, "b"), "1.10 (0.90–1.20; 2 of 3 ≥ 1)"; got != want {
 		t.Errorf("round ratios of (b): %q, want %q", got, want)
 	}
 	if frac, nodes, key, ok := rep.spread(); !ok || nodes != 100 || key != "a" || frac < 0.3333 || frac > 0.3334 {
