@@ -126,12 +126,13 @@ func (r *Report) spreadNote() string {
 		"so a ratio within that of 1.0 in one round says little: the ratios table gives each round's too.", 100*frac, key, nodes)
 }
 
-// cpuPerPod is the median over the scenario's rounds of its CPU per pod (the lower middle one
+// cpuPerPod is the median over the scenario's rounds of a CPU time per pod, the process's
+// (Result.CPUPerPod) or its scheduler's (Result.SchedulerCPUPerPod), (the lower middle one
 // of an even count), which need not be the median round's by pods/s, and each round's.
-func (r *Report) cpuPerPod(nodes int, q QPS, key string) (time.Duration, []time.Duration) {
+func (r *Report) cpuPerPod(nodes int, q QPS, key string, perPod func(*Result) time.Duration) (time.Duration, []time.Duration) {
 	var each []time.Duration
 	for _, x := range r.rounds(nodes, q, key) {
-		each = append(each, x.CPUPerPod())
+		each = append(each, perPod(x))
 	}
 	if len(each) == 0 {
 		return 0, nil
@@ -140,8 +141,8 @@ func (r *Report) cpuPerPod(nodes int, q QPS, key string) (time.Duration, []time.
 }
 
 // cpuCell is the scenario's median CPU per pod, with each round's when there are several.
-func (r *Report) cpuCell(nodes int, q QPS, key string) string {
-	median, each := r.cpuPerPod(nodes, q, key)
+func (r *Report) cpuCell(nodes int, q QPS, key string, perPod func(*Result) time.Duration) string {
+	median, each := r.cpuPerPod(nodes, q, key, perPod)
 	if len(each) < 2 {
 		return cpuMS(median)
 	}
@@ -216,6 +217,10 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 		"**writes/pod** = the scheduler's writes (audit log at the API server, user `%s`, successful writes only, events excluded and listed apart) ÷ pods bound; **refused write attempts** = the scheduler's writes the server answered with an error (a Binding whose request failed under load, though it may have been applied), not in writes/pod; "+
 		"**stand-in writes** = the stand-in device plugin's successful writes; "+
 		"**CPU per pod** = the whole process's CPU time (user and system, getrusage) from the first create to the last pod seen bound, ÷ pods bound: what a pod costs the process, all its parts together (the process is CPU bound at QPS 5000: its 2 cores are busy 197–198 %% of the span in the CPU profiles); the median over the rounds (each round's in brackets), which need not be the median round's by pods/s; "+
+		"**the scheduler's CPU per pod** = the part of it spent by the scheduler's goroutines (in (h) and (i) the binder's, in (e) with the extender's), "+
+		"read from a CPU profile of each scenario (a sample per 10 ms of CPU: a few hundred of them per scenario, so about ±6 %% from sampling alone) as the samples of the goroutines it started, which carry its pprof labels: "+
+		"its scheduling and binding, informers, event recording, its clients' encoding and decoding, and the garbage collection charged to its allocations; "+
+		"not the API server's, etcd's or the harness's work, nor the runtime's background collection: in a cluster, where the scheduler has cores of its own and the API server others, this is what bounds its rate; "+
 		"**peak RSS** = VmHWM of /proc/self/status of the whole process (etcd, API server, scheduler and harness together), "+
 		"reset before each scenario's pods are created (`echo 5 > /proc/self/clear_refs`)%s. klog verbosity 0, logs to a file.\n\n",
 		cluster.UserScheduler, rssNote(r))
@@ -223,8 +228,8 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 	nodes := r.nodes()
 	for _, q := range r.Config.QPS {
 		fmt.Fprintf(w, "## Client QPS %s\n\n", q)
-		fmt.Fprintf(w, "| nodes | scenario | pods bound | span | pods/s | ratio to (a) | each round's pods/s (ratio to (a)'s) | CPU per pod | p50 | p99 | scheduler writes/pod | refused write attempts | events | stand-in writes | peak RSS |\n")
-		fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(w, "| nodes | scenario | pods bound | span | pods/s | ratio to (a) | each round's pods/s (ratio to (a)'s) | CPU per pod | the scheduler's CPU per pod | p50 | p99 | scheduler writes/pod | refused write attempts | events | stand-in writes | peak RSS |\n")
+		fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, n := range nodes {
 			a := r.find(n, q, "a")
 			for _, sc := range Scenarios {
@@ -240,8 +245,9 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 				if x.Incomplete {
 					boundCell = "**" + boundCell + " (timeout)**"
 				}
-				fmt.Fprintf(w, "| %d | (%s) %s | %s | %.1f s | %.1f | %s | %s | %s | %s | %s | %.2f (%s) | %d (%s) | %d | %d | %d MiB |\n",
-					n, sc.Key, sc.Name, boundCell, x.Span.Seconds(), x.PodsPerSec, ratio, r.roundRates(n, q, sc.Key), r.cpuCell(n, q, sc.Key), ms(x.P50), ms(x.P99),
+				fmt.Fprintf(w, "| %d | (%s) %s | %s | %.1f s | %.1f | %s | %s | %s | %s | %s | %s | %.2f (%s) | %d (%s) | %d | %d | %d MiB |\n",
+					n, sc.Key, sc.Name, boundCell, x.Span.Seconds(), x.PodsPerSec, ratio, r.roundRates(n, q, sc.Key),
+					r.cpuCell(n, q, sc.Key, (*Result).CPUPerPod), r.cpuCell(n, q, sc.Key, (*Result).SchedulerCPUPerPod), ms(x.P50), ms(x.P99),
 					float64(x.WritesTotal)/float64(max(x.Bound, 1)), writesBreakdown(x.Writes), x.RefusedTotal, writesBreakdown(x.Refused), x.Events, x.StandInWrites, x.PeakRSSKiB/1024)
 			}
 		}
@@ -265,6 +271,7 @@ func (r *Report) WriteMarkdown(w io.Writer, m Machine) {
 			fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n, q, ratio(b, a), r.roundRatios(n, q, "b"), ratio(c, a), ratio(d, a), ratio(b, d), ratio(e, a), ratio(b, e), ratio(f, a), ratio(g, a), ratio(b, g))
 		}
 	}
+	r.writeSchedulerCPU(w, nodes)
 	r.writeFloor(w, nodes)
 	r.writeMixed(w)
 	fmt.Fprintf(w, "\nPeak RSS of the whole run (VmHWM, largest seen): %d MiB.\n\n", r.PeakRSSKiB/1024)
@@ -420,6 +427,35 @@ func (r *Report) floorSetup() string {
 		"(i)−(h) is what the GPU pod's bigger objects cost the API server, etcd and the watches, and (a)−(h), (b)−(i) what each scheduler adds to its pods' floor."
 }
 
+// writeSchedulerCPU compares what the schedulers themselves spend per pod, (b)'s against (a)'s.
+func (r *Report) writeSchedulerCPU(w io.Writer, nodes []int) {
+	if !r.ran("a") || !r.ran("b") {
+		return
+	}
+	fmt.Fprintf(w, "\n## The scheduler's own CPU per pod\n\n"+
+		"The scheduler's CPU per pod (the table above: its goroutines' samples in the CPU profile), the median over the rounds, in ms: "+
+		"kube-scheduler's default profile on a CPU pod (a) against dynamig-scheduler on a GPU pod (b). pods/s above also counts the API server's, etcd's and the harness's work "+
+		"on the same 2 cores, where a GPU pod's bigger objects cost more (the floor, when run); this is the scheduler's part alone.\n\n")
+	fmt.Fprintf(w, "| nodes | QPS | (a) | (b) | (b)/(a) | (b)/(a) by round |\n|---:|---|---:|---:|---:|---|\n")
+	for _, q := range r.Config.QPS {
+		for _, n := range nodes {
+			a, _ := r.cpuPerPod(n, q, "a", (*Result).SchedulerCPUPerPod)
+			b, _ := r.cpuPerPod(n, q, "b", (*Result).SchedulerCPUPerPod)
+			if a == 0 || b == 0 {
+				continue
+			}
+			as, bs := r.rounds(n, q, "a"), r.rounds(n, q, "b")
+			var each []string
+			for i := range min(len(as), len(bs)) {
+				if x := as[i].SchedulerCPUPerPod(); x > 0 {
+					each = append(each, fmt.Sprintf("%.2f", float64(bs[i].SchedulerCPUPerPod())/float64(x)))
+				}
+			}
+			fmt.Fprintf(w, "| %d | %s | %.3f | %.3f | %.2f | %s |\n", n, q, millis(a), millis(b), float64(b)/float64(a), strings.Join(each, ", "))
+		}
+	}
+}
+
 // writeFloor is the floor section: each pod's CPU cost against its floor, when (h) and (i) ran.
 func (r *Report) writeFloor(w io.Writer, nodes []int) {
 	if !r.ran("h") || !r.ran("i") {
@@ -438,7 +474,7 @@ func (r *Report) writeFloor(w io.Writer, nodes []int) {
 				continue
 			}
 			cpu := func(key string) float64 {
-				median, _ := r.cpuPerPod(n, q, key)
+				median, _ := r.cpuPerPod(n, q, key, (*Result).CPUPerPod)
 				return millis(median)
 			}
 			ca, cb, ch, ci := cpu("a"), cpu("b"), cpu("h"), cpu("i")

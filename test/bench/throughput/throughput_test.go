@@ -55,7 +55,14 @@ func TestSmoke(t *testing.T) {
 	if len(rep.Results) != len(Scenarios)+2 {
 		t.Fatalf("%d results, want %d: every scenario's and the mixed cluster's two", len(rep.Results), len(Scenarios)+2)
 	}
+	// A scenario of 20 pods is a few samples of its scheduler's goroutines, maybe none: their
+	// sum over the scenarios shows the labels reach them.
+	var schedulerCPU time.Duration
 	for _, r := range rep.Results {
+		schedulerCPU += r.SchedulerCPU
+		if r.SchedulerCPU < 0 || r.SchedulerCPU > r.CPU || (r.Scenario.Mixed && r.SchedulerCPU != 0) {
+			t.Errorf("(%s): the scheduler's CPU %v of the process's %v", r.Scenario.Key, r.SchedulerCPU, r.CPU)
+		}
 		if r.Bound != pods || r.Incomplete {
 			t.Errorf("(%s): %d of %d pods bound", r.Scenario.Key, r.Bound, pods)
 		}
@@ -78,9 +85,12 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("(%s): stand-in writes %d, want %d (one pod patch per GPU pod)", r.Scenario.Key, r.StandInWrites, want)
 		}
 	}
+	if schedulerCPU == 0 {
+		t.Error("no CPU profile sample of any scenario's scheduler")
+	}
 	var md strings.Builder
 	rep.WriteMarkdown(&md, Machine{})
-	for _, want := range []string{cluster.StandInWrite, "## Batching", "## Mixed cluster", "GPU pods' rate over CPU pods' rate", "## What a scheduler adds to its pods' floor"} {
+	for _, want := range []string{cluster.StandInWrite, "## Batching", "## The scheduler's own CPU per pod", "## Mixed cluster", "GPU pods' rate over CPU pods' rate", "## What a scheduler adds to its pods' floor"} {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("the report lacks %q:\n%s", want, md.String())
 		}
@@ -143,7 +153,7 @@ func TestRounds(t *testing.T) {
 		rep.Results[2*i].CPU = ms * time.Millisecond * 1000
 		rep.Results[2*i].Bound = 1000
 	}
-	if got, want := rep.cpuCell(100, HighQPS, "a"), "4.00 ms (4.00, 3.00, 5.00)"; got != want {
+	if got, want := rep.cpuCell(100, HighQPS, "a", (*Result).CPUPerPod), "4.00 ms (4.00, 3.00, 5.00)"; got != want {
 		t.Errorf("CPU per pod of (a): %q, want %q (the median of the rounds, which is not the median round's by pods/s)", got, want)
 	}
 	if got, want := rep.roundRatios(100, HighQPS, "b"), "1.10 (0.90–1.20; 2 of 3 ≥ 1)"; got != want {
@@ -215,5 +225,33 @@ func TestDefaultPluginsProfile(t *testing.T) {
 		if diff := cmp.Diff(defaults[pc.Name], pc); diff != "" {
 			t.Errorf("(a)'s args of %s are not the defaults (-default +(a)):\n%s", pc.Name, diff)
 		}
+	}
+}
+
+// TestParseTagTotal reads a label value's CPU from `go tool pprof -tags -unit=ms` output
+// (this text is the tool's, from a profile of two goroutines, one labelled).
+func TestParseTagTotal(t *testing.T) {
+	const out = ` other: Total 40ms of 530ms ( 7.55%)
+        40ms ( 7.55%): scheduler
+ part: Total 1170.50ms of 1530ms (76.50%)
+       1000ms (65.36%): harness
+     170.50ms (11.14%): scheduler
+`
+	for _, c := range []struct {
+		key, value string
+		want       time.Duration
+	}{
+		{"part", "scheduler", 170500 * time.Microsecond}, // not other's scheduler
+		{"part", "harness", time.Second},
+		{"part", "etcd", 0},
+		{"missing", "scheduler", 0},
+	} {
+		got, err := parseTagTotal(out, c.key, c.value)
+		if err != nil || got != c.want {
+			t.Errorf("%s=%s: %v, %v; want %v", c.key, c.value, got, err, c.want)
+		}
+	}
+	if _, err := parseTagTotal(" part: Total 1.2s of 2s (60%)\n   1.2s (60%): scheduler\n", "part", "scheduler"); err == nil {
+		t.Error("an amount not in ms: no error")
 	}
 }
