@@ -73,13 +73,7 @@ func lowerMedian[T cmp.Ordered](xs []T) T {
 // middle one of an even count), their range and how many of them are 1 or more, "—"
 // without a round of both.
 func (r *Report) roundRatios(nodes int, q QPS, key string) string {
-	a, x := r.rounds(nodes, q, "a"), r.rounds(nodes, q, key)
-	var ratios []float64
-	for i := range min(len(a), len(x)) {
-		if a[i].PodsPerSec > 0 {
-			ratios = append(ratios, x[i].PodsPerSec/a[i].PodsPerSec)
-		}
-	}
+	ratios := r.ratiosByRound(nodes, q, key, func(x *Result) float64 { return x.PodsPerSec })
 	if len(ratios) == 0 {
 		return "—"
 	}
@@ -124,6 +118,18 @@ func (r *Report) spreadNote() string {
 	}
 	return fmt.Sprintf(" Noise: the same scenario's rounds differ; in this run by up to %.0f %% (pods/s of its fastest round over its slowest, (%s) at %d nodes), "+
 		"so a ratio within that of 1.0 in one round says little: the ratios table gives each round's too.", 100*frac, key, nodes)
+}
+
+// ratiosByRound are the scenario's figures over (a)'s of the same round, round by round.
+func (r *Report) ratiosByRound(nodes int, q QPS, key string, figure func(*Result) float64) []float64 {
+	a, x := r.rounds(nodes, q, "a"), r.rounds(nodes, q, key)
+	var ratios []float64
+	for i := range min(len(a), len(x)) {
+		if fa := figure(a[i]); fa > 0 {
+			ratios = append(ratios, figure(x[i])/fa)
+		}
+	}
+	return ratios
 }
 
 // cpuPerPod is the median over the scenario's rounds of a CPU time per pod, the process's
@@ -444,12 +450,9 @@ func (r *Report) writeSchedulerCPU(w io.Writer, nodes []int) {
 			if a == 0 || b == 0 {
 				continue
 			}
-			as, bs := r.rounds(n, q, "a"), r.rounds(n, q, "b")
 			var each []string
-			for i := range min(len(as), len(bs)) {
-				if x := as[i].SchedulerCPUPerPod(); x > 0 {
-					each = append(each, fmt.Sprintf("%.2f", float64(bs[i].SchedulerCPUPerPod())/float64(x)))
-				}
+			for _, x := range r.ratiosByRound(n, q, "b", func(x *Result) float64 { return float64(x.SchedulerCPUPerPod()) }) {
+				each = append(each, fmt.Sprintf("%.2f", x))
 			}
 			fmt.Fprintf(w, "| %d | %s | %.3f | %.3f | %.2f | %s |\n", n, q, millis(a), millis(b), float64(b)/float64(a), strings.Join(each, ", "))
 		}
