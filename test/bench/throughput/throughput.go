@@ -558,17 +558,12 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 	resetRSS := resetPeakRSS()
 	// Every scenario is profiled, for its scheduler's own CPU (schedulerLabels); the one the
 	// report shows is kept in cfg.CPUProfile.
-	profilePath := cfg.CPUProfile
-	if !profile {
-		tmp, err := os.CreateTemp("", "throughput-*.pprof")
-		if err != nil {
-			return nil, err
-		}
-		profilePath = tmp.Name()
-		tmp.Close()
-		defer os.Remove(profilePath)
+	var f *os.File
+	if profile {
+		f, err = os.Create(cfg.CPUProfile)
+	} else if f, err = os.CreateTemp("", "throughput-*.pprof"); err == nil {
+		defer os.Remove(f.Name())
 	}
-	f, err := os.Create(profilePath)
 	if err != nil {
 		return nil, err
 	}
@@ -626,10 +621,7 @@ func runScenario(ctx context.Context, cp *cluster.ControlPlane, admin, dp kubern
 		results = append(results, &Result{Nodes: nodes, QPS: q, Scenario: c.sc, Pods: cfg.Pods, PeakRSSKiB: peak, ResetRSS: resetRSS, CPU: cpu, Batch: after.since(batchBefore[i])})
 	}
 	if !sc.Mixed {
-		if err := f.Sync(); err != nil {
-			return nil, err
-		}
-		if results[0].SchedulerCPU, err = labelledCPU(ctx, profilePath, partLabel, schedulerPart); err != nil {
+		if results[0].SchedulerCPU, err = labelledCPU(ctx, f.Name(), partLabel, schedulerPart); err != nil {
 			return nil, fmt.Errorf("the scheduler's CPU: %w", err)
 		}
 	}
